@@ -1,0 +1,38 @@
+# make demo: the main job end to end.  make test: lint and the whole test suite.
+# make bench: the benchmarks.  Everything runs in .venv, created here if missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.kvaudit-installed
+ENGINES := $(VENV)/.kvaudit-engines
+ENGINE_SCRIPTS := $(sort $(wildcard scripts/install-*.sh))
+
+.PHONY: demo test bench lint install engines clean
+
+install: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+engines: $(ENGINES)
+
+$(ENGINES): $(INSTALLED) $(ENGINE_SCRIPTS)
+	for script in $(ENGINE_SCRIPTS); do bash $$script $(PY) || exit 1; done
+	touch $@
+
+demo: $(INSTALLED)
+	$(VENV)/bin/kvaudit demo
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+
+test: $(INSTALLED) $(ENGINES) lint
+	$(PY) -m pytest -q
+
+bench: $(INSTALLED) $(ENGINES)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) demo-out

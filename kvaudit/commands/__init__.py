@@ -1,0 +1,1 @@
+"""One module per `kvaudit` subcommand (see `kvaudit.cli.COMMANDS`)."""

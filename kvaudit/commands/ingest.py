@@ -1,0 +1,46 @@
+"""`kvaudit ingest`: materialise trace files into a DuckDB database with the same views."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+from kvaudit.cli import UsageError, command_parser
+from kvaudit.output import warn_read_errors
+from kvaudit.store import TraceStore
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = command_parser(
+        subparsers,
+        "ingest",
+        "Read trace files once into a DuckDB database (columnar), with the kvaudit views on top.",
+        'kvaudit ingest traces/ -o traces.duckdb && kvaudit sql traces.duckdb "SELECT count(*) FROM pages"',
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files, directories or globs")
+    parser.add_argument("-o", "--output", required=True, help="the .duckdb file to write (appended to if it exists)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.output.endswith(".duckdb"):
+        raise UsageError(f"{args.output}: the output name must end in .duckdb")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    store = TraceStore(args.paths, args.output)
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=args.quiet, transient=True) as progress:
+        task = progress.add_task("ingest", total=store.pending_bytes())
+        tables = store.refresh(progress=lambda n: progress.advance(task, n))
+    warn_read_errors([(row["file"], row["line"], row["reason"]) for row in tables.errors.to_pylist()])
+    _, [(pages, spans, errors)] = store.query(
+        "SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)"
+    )
+    store.close()
+    print(
+        f"{args.output}: {pages} page descriptors, {spans} spans"
+        f" (+{tables.pages.num_rows} and +{tables.spans.num_rows} now), {errors} unreadable lines"
+    )
+    return 0

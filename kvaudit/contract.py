@@ -1,0 +1,242 @@
+"""The trace contract between the hooks and the analysis side (DESIGN.md section 3).
+
+This module owns every attribute name kvaudit writes or reads: nothing else in the
+project spells one out. It also owns the record types that travel in a trace: the
+`PageDescriptor` of one stored or fetched page and the `KVConfig` a replica declares
+for itself in its resource attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Final
+
+import msgspec
+
+SCHEMA_VERSION: Final = 1
+EVENT_PAGE: Final = "kvaudit.page"
+TRACER_NAME: Final = "kvaudit"
+
+
+class Op(StrEnum):
+    LOOKUP = "lookup"
+    STORE = "store"
+    FETCH = "fetch"
+    EVICT = "evict"
+
+    @property
+    def span_name(self) -> str:
+        return f"kvaudit.{self.value}"
+
+
+class Outcome(StrEnum):
+    HIT = "hit"
+    PARTIAL = "partial"
+    MISS = "miss"
+    REJECTED = "rejected"
+    ERROR = "error"
+
+
+class Hook(StrEnum):
+    VLLM_CONNECTOR = "vllm.connector"
+    LMCACHE_ENGINE = "lmcache.engine"
+    LMCACHE_BACKEND = "lmcache.backend"
+    SIMULATOR = "kvaudit.simulator"
+
+
+class Res:
+    """Resource attribute names (one set per process)."""
+
+    SERVICE_NAME: Final = "service.name"
+    REPLICA: Final = "service.instance.id"
+    SCHEMA: Final = "kvaudit.schema"
+    ENGINE: Final = "kvaudit.engine"
+    ENGINE_VERSION: Final = "kvaudit.engine.version"
+    PROCESS_PID: Final = "process.pid"
+    KV_MODEL: Final = "kvaudit.kv.model"
+    KV_DTYPE: Final = "kvaudit.kv.dtype"
+    KV_LAYOUT: Final = "kvaudit.kv.layout"
+    KV_BLOCK_SIZE: Final = "kvaudit.kv.block_size"
+    KV_WORLD_SIZE: Final = "kvaudit.kv.world_size"
+    KV_RANK: Final = "kvaudit.kv.rank"
+    KV_HASH_ALGO: Final = "kvaudit.kv.hash_algo"
+    KV_LAYERS: Final = "kvaudit.kv.layers"
+    KV_KV_HEADS: Final = "kvaudit.kv.kv_heads"
+    KV_HEAD_SIZE: Final = "kvaudit.kv.head_size"
+
+
+class SpanAttr:
+    """Span attribute names (one span per operation on one request)."""
+
+    OP: Final = "kvaudit.op"
+    REQUEST_ID: Final = "kvaudit.request.id"
+    HOOK: Final = "kvaudit.hook"
+    BACKEND: Final = "kvaudit.backend"
+    TOKENS_REQUESTED: Final = "kvaudit.tokens.requested"
+    TOKENS_HIT: Final = "kvaudit.tokens.hit"
+    TOKENS_STORED: Final = "kvaudit.tokens.stored"
+    PAGES: Final = "kvaudit.pages"
+    BYTES: Final = "kvaudit.bytes"
+    OUTCOME: Final = "kvaudit.outcome"
+
+
+class TelemetryAttr:
+    """Attributes of the `kvaudit.telemetry` span: the emitter reporting on itself.
+
+    The counts are cumulative for the emitting process, so the latest span of a
+    process carries its totals and a lost telemetry span loses nothing.
+    """
+
+    SPAN_NAME: Final = "kvaudit.telemetry"
+    DROPPED_SPANS: Final = "kvaudit.telemetry.dropped_spans"
+    FAILED_EXPORTS: Final = "kvaudit.telemetry.failed_exports"
+    ERRORS: Final = "kvaudit.telemetry.errors"
+
+
+class PageAttr:
+    """Attribute names of a `kvaudit.page` event (one page descriptor)."""
+
+    KEY: Final = "kvaudit.page.key"
+    HASH_ALGO: Final = "kvaudit.page.hash_algo"
+    TOKEN_START: Final = "kvaudit.page.token_start"
+    TOKEN_END: Final = "kvaudit.page.token_end"
+    MODEL: Final = "kvaudit.page.model"
+    DTYPE: Final = "kvaudit.page.dtype"
+    SHAPE: Final = "kvaudit.page.shape"
+    LAYOUT: Final = "kvaudit.page.layout"
+    BYTES: Final = "kvaudit.page.bytes"
+    WORLD_SIZE: Final = "kvaudit.page.world_size"
+    RANK: Final = "kvaudit.page.rank"
+    LAYERS: Final = "kvaudit.page.layers"
+    KV_HEADS: Final = "kvaudit.page.kv_heads"
+    HEAD_SIZE: Final = "kvaudit.page.head_size"
+    USED: Final = "kvaudit.page.used"
+    CHECKSUM: Final = "kvaudit.page.checksum"
+    TRANSFER: Final = "kvaudit.page.transfer"
+    ADDRESS: Final = "kvaudit.page.address"
+    TIER: Final = "kvaudit.page.tier"
+
+
+class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """What one stored or fetched page carried. `None` means the field was absent.
+
+    On a fetch a hook fills in only what the fetched object actually carried, never
+    the consumer's own configuration: absence is what the auditor checks for.
+    """
+
+    key: str | None = None
+    hash_algo: str | None = None
+    token_start: int | None = None
+    token_end: int | None = None
+    model: str | None = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    layout: str | None = None
+    bytes: int | None = None
+    world_size: int | None = None
+    rank: int | None = None
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_size: int | None = None
+    used: bool | None = None
+    checksum: str | None = None
+    transfer: str | None = None
+    address: int | None = None
+    tier: str | None = None
+
+    def to_attributes(self) -> dict[str, Any]:
+        """The present fields as OpenTelemetry attributes."""
+        return {
+            _PAGE_ATTR_OF_FIELD[name]: value
+            for name, value in zip(self.__struct_fields__, msgspec.structs.astuple(self))
+            if value is not None
+        }
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[str, Any]) -> PageDescriptor:
+        """The inverse of `to_attributes`; unknown attributes are ignored."""
+        fields = {
+            field: attributes[attr] for field, attr in _PAGE_ATTR_OF_FIELD.items() if attributes.get(attr) is not None
+        }
+        if "shape" in fields:
+            fields["shape"] = tuple(fields["shape"])
+        return cls(**fields)
+
+    def missing(self, required: frozenset[str]) -> list[str]:
+        """Names of required fields that are absent."""
+        return [name for name in required if getattr(self, name) is None]
+
+
+# Field name -> attribute name; the two spellings differ only by the prefix.
+_PAGE_ATTR_OF_FIELD: Final[dict[str, str]] = {
+    name: getattr(PageAttr, name.upper()) for name in PageDescriptor.__struct_fields__
+}
+
+REQUIRED_ON_FETCH: Final = frozenset(
+    {
+        "key",
+        "hash_algo",
+        "token_start",
+        "token_end",
+        "model",
+        "dtype",
+        "shape",
+        "layout",
+        "bytes",
+        "world_size",
+        "rank",
+        "used",
+    }
+)
+# The store side knows its engine's configuration, so it also always knows the geometry.
+REQUIRED_ON_STORE: Final = (REQUIRED_ON_FETCH - {"used"}) | {"layers", "kv_heads", "head_size"}
+
+
+class KVConfig(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """A replica's own KV configuration, declared once per process in its resource."""
+
+    model: str | None = None
+    dtype: str | None = None
+    layout: str | None = None
+    block_size: int | None = None
+    world_size: int | None = None
+    rank: int | None = None
+    hash_algo: str | None = None
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_size: int | None = None
+
+    def to_attributes(self) -> dict[str, Any]:
+        return {
+            _RES_ATTR_OF_KV_FIELD[name]: value
+            for name, value in zip(self.__struct_fields__, msgspec.structs.astuple(self))
+            if value is not None
+        }
+
+
+_RES_ATTR_OF_KV_FIELD: Final[dict[str, str]] = {
+    name: getattr(Res, f"KV_{name.upper()}") for name in KVConfig.__struct_fields__
+}
+
+
+def bytes_per_element(dtype: str) -> int | None:
+    """Size of one element of a KV dtype name, or None for an unknown name."""
+    return DTYPE_BYTES.get(dtype.removeprefix("torch."))
+
+
+DTYPE_BYTES: Final[dict[str, int]] = {
+    "float64": 8,
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "fp8": 1,
+    "int8": 1,
+    "uint8": 1,
+}

@@ -1,0 +1,484 @@
+"""Read OTLP JSON trace files into columns: spans, page descriptors, resources, errors.
+
+Verbose JSON is the bottleneck of the analysis side (DESIGN.md section 5), so each
+file is decoded once, by msgspec into typed structs, split into byte ranges that
+worker processes decode in parallel, and handed to DuckDB as Arrow tables. Bad
+lines never stop a read: each becomes a `file:line: reason` row in `read_errors`.
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvaudit.contract import EVENT_PAGE, SCHEMA_VERSION, PageAttr, Res, SpanAttr, TelemetryAttr
+from kvaudit.otlp_schema import DECODER, AnyValue, KeyValue, TracesData
+
+# Column kinds: how an OTLP AnyValue becomes a column value.
+_STR, _INT, _BOOL, _INTS = "str", "int", "bool", "ints"
+_ARROW_TYPE: Final = {_STR: pa.string(), _INT: pa.int64(), _BOOL: pa.bool_(), _INTS: pa.list_(pa.int64())}
+
+RESOURCE_COLUMNS: Final[dict[str, tuple[str, str]]] = {
+    "replica": (Res.REPLICA, _STR),
+    "service": (Res.SERVICE_NAME, _STR),
+    "pid": (Res.PROCESS_PID, _INT),
+    "schema": (Res.SCHEMA, _INT),
+    "engine": (Res.ENGINE, _STR),
+    "engine_version": (Res.ENGINE_VERSION, _STR),
+    "model": (Res.KV_MODEL, _STR),
+    "dtype": (Res.KV_DTYPE, _STR),
+    "layout": (Res.KV_LAYOUT, _STR),
+    "block_size": (Res.KV_BLOCK_SIZE, _INT),
+    "world_size": (Res.KV_WORLD_SIZE, _INT),
+    "rank": (Res.KV_RANK, _INT),
+    "hash_algo": (Res.KV_HASH_ALGO, _STR),
+    "layers": (Res.KV_LAYERS, _INT),
+    "kv_heads": (Res.KV_KV_HEADS, _INT),
+    "head_size": (Res.KV_HEAD_SIZE, _INT),
+}
+SPAN_ATTR_COLUMNS: Final[dict[str, tuple[str, str]]] = {
+    "op": (SpanAttr.OP, _STR),
+    "request_id": (SpanAttr.REQUEST_ID, _STR),
+    "hook": (SpanAttr.HOOK, _STR),
+    "backend": (SpanAttr.BACKEND, _STR),
+    "tokens_requested": (SpanAttr.TOKENS_REQUESTED, _INT),
+    "tokens_hit": (SpanAttr.TOKENS_HIT, _INT),
+    "tokens_stored": (SpanAttr.TOKENS_STORED, _INT),
+    "pages": (SpanAttr.PAGES, _INT),
+    "bytes": (SpanAttr.BYTES, _INT),
+    "outcome": (SpanAttr.OUTCOME, _STR),
+    "telemetry_dropped_spans": (TelemetryAttr.DROPPED_SPANS, _INT),
+    "telemetry_failed_exports": (TelemetryAttr.FAILED_EXPORTS, _INT),
+    "telemetry_errors": (TelemetryAttr.ERRORS, _INT),
+}
+PAGE_ATTR_COLUMNS: Final[dict[str, tuple[str, str]]] = {
+    "key": (PageAttr.KEY, _STR),
+    "hash_algo": (PageAttr.HASH_ALGO, _STR),
+    "token_start": (PageAttr.TOKEN_START, _INT),
+    "token_end": (PageAttr.TOKEN_END, _INT),
+    "model": (PageAttr.MODEL, _STR),
+    "dtype": (PageAttr.DTYPE, _STR),
+    "shape": (PageAttr.SHAPE, _INTS),
+    "layout": (PageAttr.LAYOUT, _STR),
+    "bytes": (PageAttr.BYTES, _INT),
+    "world_size": (PageAttr.WORLD_SIZE, _INT),
+    "rank": (PageAttr.RANK, _INT),
+    "layers": (PageAttr.LAYERS, _INT),
+    "kv_heads": (PageAttr.KV_HEADS, _INT),
+    "head_size": (PageAttr.HEAD_SIZE, _INT),
+    "used": (PageAttr.USED, _BOOL),
+    "checksum": (PageAttr.CHECKSUM, _STR),
+    "transfer": (PageAttr.TRANSFER, _STR),
+    "address": (PageAttr.ADDRESS, _INT),
+    "tier": (PageAttr.TIER, _STR),
+}
+
+RESOURCES_SCHEMA: Final = pa.schema(
+    [("resource_id", pa.int64())] + [(name, _ARROW_TYPE[kind]) for name, (_, kind) in RESOURCE_COLUMNS.items()]
+)
+_SPAN_HEAD: Final = [
+    ("file", pa.string()),
+    ("line", pa.int64()),
+    ("resource_id", pa.int64()),
+    ("replica", pa.string()),
+    ("trace_id", pa.string()),
+    ("span_id", pa.string()),
+    ("parent_span_id", pa.string()),
+    ("name", pa.string()),
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+    ("status_code", pa.int64()),
+    ("dropped_attributes", pa.int64()),
+    ("dropped_events", pa.int64()),
+]
+SPANS_SCHEMA: Final = pa.schema(
+    _SPAN_HEAD
+    + [(name, _ARROW_TYPE[kind]) for name, (_, kind) in SPAN_ATTR_COLUMNS.items()]
+    + [("attributes", pa.map_(pa.string(), pa.string()))]
+)
+_PAGE_HEAD: Final = [
+    ("file", pa.string()),
+    ("line", pa.int64()),
+    ("resource_id", pa.int64()),
+    ("replica", pa.string()),
+    ("trace_id", pa.string()),
+    ("span_id", pa.string()),
+    # The operation's own attributes, repeated on its pages so queries need no join.
+    ("op", pa.string()),
+    ("hook", pa.string()),
+    ("backend", pa.string()),
+    ("request_id", pa.string()),
+    ("outcome", pa.string()),
+    ("time_ns", pa.int64()),
+]
+PAGES_SCHEMA: Final = pa.schema(
+    _PAGE_HEAD + [(name, _ARROW_TYPE[kind]) for name, (_, kind) in PAGE_ATTR_COLUMNS.items()]
+)
+ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), ("reason", pa.string())])
+
+
+CHUNK_BYTES: Final = 16 * 1024 * 1024
+
+
+@dataclass
+class Tables:
+    """What a read produced, as Arrow tables with the schemas above."""
+
+    resources: pa.Table
+    spans: pa.Table
+    pages: pa.Table
+    errors: pa.Table
+
+    @classmethod
+    def concat(cls, parts: Sequence[Tables]) -> Tables:
+        def cat(name: str, schema: pa.Schema) -> pa.Table:
+            tables = [getattr(part, name) for part in parts]
+            return pa.concat_tables(tables) if tables else schema.empty_table()
+
+        return cls(
+            cat("resources", RESOURCES_SCHEMA),
+            cat("spans", SPANS_SCHEMA),
+            cat("pages", PAGES_SCHEMA),
+            cat("errors", ERRORS_SCHEMA),
+        )
+
+
+@dataclass
+class _Columns:
+    """Rows being collected for one byte range of one file."""
+
+    file: str
+    resources: dict[int, list[Any]] = field(default_factory=dict)
+    spans: list[list[Any]] = field(default_factory=list)
+    pages: list[list[Any]] = field(default_factory=list)
+    errors: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def tables(self) -> Tables:
+        return Tables(
+            _table(RESOURCES_SCHEMA, [[rid, *row] for rid, row in self.resources.items()]),
+            _table(SPANS_SCHEMA, self.spans),
+            _table(PAGES_SCHEMA, self.pages),
+            _table(ERRORS_SCHEMA, self.errors),
+        )
+
+
+def _table(schema: pa.Schema, rows: Sequence[Sequence[Any]]) -> pa.Table:
+    if not rows:
+        return schema.empty_table()
+    columns = zip(*rows)
+    return pa.Table.from_arrays([_array(column, f.type) for column, f in zip(columns, schema)], schema=schema)
+
+
+def _array(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
+    """An Arrow array from decoded values: OTLP int64s arrive as strings (or numbers)."""
+    if pa.types.is_list(type_):
+        values = [None if v is None else [item.intValue for item in v.values] for v in values]
+        sample = next((v[0] for v in values if v), None)
+        text_type: pa.DataType = pa.list_(pa.string())
+    else:
+        sample = next((v for v in values if v is not None), None)
+        text_type = pa.string()
+    if isinstance(sample, str) and type_ != pa.string():
+        try:
+            return pa.array(values, type=text_type).cast(type_)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass  # mixed strings and numbers: convert one by one below
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([_as_text(v) for v in values], type=text_type).cast(type_)
+
+
+def _as_text(value: Any) -> Any:
+    if isinstance(value, list):
+        return [None if v is None else str(v) for v in value]
+    return None if value is None else str(value)
+
+
+# --- decoding -----------------------------------------------------------------------
+
+# Which AnyValue field holds each kind; integers stay as decoded (str or int) and are
+# cast to int64 by Arrow, column by column, which is far cheaper than int() per value.
+_FIELD_OF_KIND: Final = {_STR: "stringValue", _INT: "intValue", _BOOL: "boolValue", _INTS: "arrayValue"}
+
+
+def _slots(columns: dict[str, tuple[str, str]]) -> dict[str, tuple[int, str]]:
+    return {attr: (i, _FIELD_OF_KIND[kind]) for i, (attr, kind) in enumerate(columns.values())}
+
+
+def _fill(
+    attributes: list[KeyValue],
+    slots: dict[str, tuple[int, str]],
+    width: int,
+    extra: dict[str, str] | None = None,
+) -> list[Any]:
+    row: list[Any] = [None] * width
+    for kv in attributes:
+        slot = slots.get(kv.key)
+        if slot is not None:
+            row[slot[0]] = getattr(kv.value, slot[1])
+        elif extra is not None:
+            extra[kv.key] = _text(kv.value)
+    return row
+
+
+def _text(value: AnyValue) -> str:
+    for item in msgspec.structs.astuple(value):
+        if item is not None:
+            return item if isinstance(item, str) else msgspec.json.encode(item).decode()
+    return ""
+
+
+def _hex_id(value: str, size: int) -> str:
+    """Ids as hex whether the writer used hex (OTLP JSON) or base64 (protobuf JSON)."""
+    if len(value) == 2 * size or not value:
+        return value.lower()
+    return base64.b64decode(value).hex()
+
+
+def _resource_id(attributes: list[KeyValue]) -> int:
+    digest = hashlib.blake2b(msgspec.json.encode(sorted((kv.key, kv.value) for kv in attributes)), digest_size=8)
+    return int.from_bytes(digest.digest(), "little", signed=True)
+
+
+_SPAN_SLOTS: Final = _slots(SPAN_ATTR_COLUMNS)
+_PAGE_SLOTS: Final = _slots(PAGE_ATTR_COLUMNS)
+_RESOURCE_SLOTS: Final = _slots(RESOURCE_COLUMNS)
+_SPAN_SLOTS_ON_PAGES: Final = [
+    list(SPAN_ATTR_COLUMNS).index(name) for name in ("op", "hook", "backend", "request_id", "outcome")
+]
+_SCHEMA_SLOT: Final = list(RESOURCE_COLUMNS).index("schema")
+_REPLICA_SLOT: Final = list(RESOURCE_COLUMNS).index("replica")
+
+
+class UnreadableLineError(ValueError):
+    """A line that is not OTLP JSON trace data kvaudit can read."""
+
+
+def _decode_line(columns: _Columns, line_no: int, raw: bytes) -> None:
+    try:
+        data: TracesData = DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise UnreadableLineError(f"not OTLP trace data: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise UnreadableLineError(f"invalid JSON: {exc}") from None
+    n_resource = len(RESOURCE_COLUMNS)
+    n_span = len(SPAN_ATTR_COLUMNS)
+    n_page = len(PAGE_ATTR_COLUMNS)
+    file = columns.file
+    for resource_spans in data.resourceSpans:
+        res_attrs = resource_spans.resource.attributes if resource_spans.resource else []
+        rid = _resource_id(res_attrs)
+        resource = columns.resources.get(rid)
+        if resource is None:
+            resource = columns.resources[rid] = _fill(res_attrs, _RESOURCE_SLOTS, n_resource)
+            schema = resource[_SCHEMA_SLOT]
+            if schema is not None and str(schema) != str(SCHEMA_VERSION):
+                raise UnreadableLineError(
+                    f"unknown kvaudit schema version {schema} (this kvaudit reads {SCHEMA_VERSION})"
+                )
+        replica = resource[_REPLICA_SLOT]
+        for scope_spans in resource_spans.scopeSpans:
+            for span in scope_spans.spans:
+                trace_id = _hex_id(span.traceId, 16)
+                span_id = _hex_id(span.spanId, 8)
+                extra: dict[str, str] = {}
+                attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, extra)
+                columns.spans.append(
+                    [
+                        file,
+                        line_no,
+                        rid,
+                        replica,
+                        trace_id,
+                        span_id,
+                        _hex_id(span.parentSpanId, 8) or None,
+                        span.name,
+                        int(span.startTimeUnixNano),
+                        int(span.endTimeUnixNano),
+                        int(span.status.code) if span.status is not None else 0,
+                        span.droppedAttributesCount,
+                        span.droppedEventsCount,
+                        *attrs,
+                        list(extra.items()) if extra else None,
+                    ]
+                )
+                if not span.events:
+                    continue
+                head = [file, line_no, rid, replica, trace_id, span_id] + [attrs[i] for i in _SPAN_SLOTS_ON_PAGES]
+                for event in span.events:
+                    if event.name == EVENT_PAGE:
+                        columns.pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, n_page)])
+
+
+def read_range(path: str, start: int, end: int, final: bool) -> tuple[Tables, int, int]:
+    """Decode the lines in bytes [start, end) of `path`, numbering them from 1.
+
+    `start` must be a line start. The range ends at its last newline, unless `final`
+    is set and `end` is the end of the file: then an unterminated last line is read
+    too (and reported as truncated if it does not decode).
+
+    Returns:
+        The tables, the offset just past the last line consumed, the lines consumed.
+    """
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    stop = data.rfind(b"\n") + 1
+    columns = _Columns(path)
+    line_no = 0
+    # Decoding allocates millions of acyclic objects; collection passes would only rescan them.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for line_no, raw in enumerate(_lines(data, stop), start=1):
+            _read_line(columns, line_no, raw)
+        if final and stop < len(data):
+            line_no += 1
+            try:
+                _decode_line(columns, line_no, data[stop:])
+            except UnreadableLineError:
+                columns.errors.append((path, line_no, "truncated last line (writer stopped mid-line?)"))
+            stop = len(data)
+        return columns.tables(), start + stop, line_no
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _read_line(columns: _Columns, line_no: int, raw: bytes) -> None:
+    if not raw.strip():
+        return
+    try:
+        _decode_line(columns, line_no, raw)
+    except UnreadableLineError as exc:
+        columns.errors.append((columns.file, line_no, str(exc)))
+    except (ValueError, TypeError, AttributeError) as exc:
+        columns.errors.append((columns.file, line_no, f"bad value: {exc}"))
+
+
+def _lines(data: bytes, stop: int) -> Iterator[bytes]:
+    pos = 0
+    while pos < stop:
+        nl = data.index(b"\n", pos)
+        yield data[pos:nl]
+        pos = nl + 1
+
+
+# --- planning reads over files ------------------------------------------------------
+
+
+@dataclass
+class Cursor:
+    """How far a file has been read: byte offset and the number of the next line."""
+
+    offset: int = 0
+    next_line: int = 1
+    identity: tuple[int, int] | None = None  # (device, inode): a replaced file starts over
+
+
+def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Files named by paths, directories (their `*.json*` files, recursively) and globs.
+
+    Raises:
+        FileNotFoundError: a path matches nothing.
+    """
+    files: list[str] = []
+    for spec in paths:
+        path = Path(spec)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*.json*") if p.is_file())
+        elif any(ch in str(spec) for ch in "*?["):
+            anchor = Path(path.anchor or ".")
+            pattern = str(path.relative_to(anchor)) if path.is_absolute() else str(spec)
+            found = sorted(p for p in anchor.glob(pattern) if p.is_file())
+        elif path.is_file():
+            found = [path]
+        else:
+            raise FileNotFoundError(f"{spec}: no such file or directory")
+        files.extend(str(p) for p in found)
+    return list(dict.fromkeys(files))
+
+
+def read_files(
+    files: Sequence[str],
+    cursors: dict[str, Cursor] | None = None,
+    *,
+    final: bool = True,
+    workers: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Tables:
+    """Read what is new in `files` since `cursors` (updated in place).
+
+    Args:
+        files: trace files.
+        cursors: per-file read positions; None reads every file from the start.
+        final: read an unterminated last line too (a one-shot read); when False it
+            is left for the next call, because its writer may be mid-write.
+        workers: processes to decode with (default: one per CPU).
+        progress: called with the number of bytes of each range decoded.
+    """
+    cursors = {} if cursors is None else cursors
+    tasks = list(_plan(files, cursors))
+    workers = min(workers or os.cpu_count() or 1, len(tasks))
+    if workers <= 1:
+        results = map(lambda task: read_range(*task, final), tasks)
+    else:
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
+        results = pool.map(read_range, *zip(*tasks), [final] * len(tasks))
+    parts: list[Tables] = []
+    try:
+        for (path, start, end), (tables, stop, lines) in zip(tasks, results):
+            cursor = cursors[path]
+            parts.append(_renumber(tables, cursor.next_line - 1))
+            cursor.offset = stop
+            cursor.next_line += lines
+            if progress:
+                progress(end - start)
+    finally:
+        if workers > 1:
+            pool.shutdown()
+    return Tables.concat(parts)
+
+
+def _renumber(tables: Tables, base: int) -> Tables:
+    """Shift line numbers of a range by the lines of the file before it."""
+    if not base:
+        return tables
+
+    def shift(table: pa.Table) -> pa.Table:
+        index = table.schema.get_field_index("line")
+        return table.set_column(index, "line", pc.add(table.column(index), base))
+
+    return Tables(tables.resources, shift(tables.spans), shift(tables.pages), shift(tables.errors))
+
+
+def _plan(files: Sequence[str], cursors: dict[str, Cursor]) -> Iterator[tuple[str, int, int]]:
+    """Byte ranges to decode, each ending at a line end, in file order."""
+    for path in files:
+        stat = os.stat(path)
+        cursor = cursors.setdefault(path, Cursor())
+        identity = (stat.st_dev, stat.st_ino)
+        if cursor.identity != identity or stat.st_size < cursor.offset:
+            cursor.offset, cursor.next_line, cursor.identity = 0, 1, identity
+        start = cursor.offset
+        with open(path, "rb") as f:
+            while start < stat.st_size:
+                end = min(start + CHUNK_BYTES, stat.st_size)
+                if end < stat.st_size:
+                    f.seek(end)
+                    end += len(f.readline())
+                yield path, start, end
+                start = end

@@ -1,0 +1,191 @@
+"""DuckDB over kvaudit trace files: the `spans`, `pages`, `replicas` and `read_errors` views.
+
+Trace files are decoded once (see `reader`) into four tables, and every query runs
+against views over them. The same views exist in a database written by `kvaudit
+ingest`, so a query neither knows nor cares whether it runs over files or over a
+materialised export. `refresh()` reads only what was appended since the last call.
+
+Columns (absent attributes are NULL):
+- `spans`: file, line, resource_id, replica, trace_id, span_id, parent_span_id, name,
+  start_ns, end_ns, start_time, end_time, duration_ms, status_code, dropped_attributes,
+  dropped_events, op, request_id, hook, backend, tokens_requested, tokens_hit,
+  tokens_stored, pages, bytes, outcome, telemetry_dropped_spans,
+  telemetry_failed_exports, telemetry_errors, attributes (other attributes, as text).
+- `pages`: file, line, resource_id, replica, trace_id, span_id, op, hook, backend,
+  request_id, outcome, time_ns, time, and every page descriptor field (key,
+  hash_algo, token_start, token_end, model, dtype, shape, layout, bytes, world_size,
+  rank, layers, kv_heads, head_size, used, checksum, transfer, address, tier).
+- `replicas`: resource_id, replica, service, pid, schema, engine, engine_version and
+  the replica's own KV configuration (model, dtype, layout, block_size, world_size,
+  rank, hash_algo, layers, kv_heads, head_size): one row per process.
+- `read_errors`: file, line, reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+import pyarrow as pa
+
+from kvaudit.reader import (
+    ERRORS_SCHEMA,
+    PAGES_SCHEMA,
+    RESOURCES_SCHEMA,
+    SPANS_SCHEMA,
+    Cursor,
+    Tables,
+    expand_paths,
+    read_files,
+)
+
+_TABLES: Final = {
+    "kv_resources": RESOURCES_SCHEMA,
+    "kv_spans": SPANS_SCHEMA,
+    "kv_pages": PAGES_SCHEMA,
+    "kv_read_errors": ERRORS_SCHEMA,
+}
+_VIEWS: Final = {
+    "spans": """
+        SELECT * EXCLUDE (attributes),
+               make_timestamp_ns(start_ns) AS start_time,
+               make_timestamp_ns(end_ns) AS end_time,
+               (end_ns - start_ns) / 1e6 AS duration_ms,
+               attributes
+        FROM kv_spans""",
+    "pages": "SELECT *, make_timestamp_ns(time_ns) AS time FROM kv_pages",
+    "replicas": "SELECT DISTINCT * FROM kv_resources",
+    "read_errors": "SELECT * FROM kv_read_errors",
+}
+
+
+class TraceStore:
+    """Trace files (or an ingested database) as DuckDB views.
+
+    Args:
+        paths: trace files, directories and globs (see `reader.expand_paths`); new files
+            matching them are picked up by `refresh()`.
+        database: DuckDB database file to write into (`:memory:` by default).
+        workers: decoding processes (default: one per CPU).
+
+    Raises:
+        FileNotFoundError: a path matches nothing.
+        duckdb.Error: the database cannot be opened.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]] = (),
+        database: str = ":memory:",
+        *,
+        workers: int | None = None,
+    ) -> None:
+        self.paths = [str(p) for p in paths]
+        self.con = duckdb.connect(database)
+        self._workers = workers
+        self._cursors: dict[str, Cursor] = {}
+        self._create()
+        expand_paths(self.paths)  # fail early, with the path, when one names nothing
+
+    @classmethod
+    def open_ingested(cls, database: str) -> TraceStore:
+        """A store over a database written by `kvaudit ingest` (read-only).
+
+        Raises:
+            FileNotFoundError: no such database.
+            ValueError: the file is not a kvaudit database.
+        """
+        if not Path(database).is_file():
+            raise FileNotFoundError(f"{database}: no such file")
+        store = cls.__new__(cls)
+        store.paths, store._workers, store._cursors = [], None, {}
+        try:
+            store.con = duckdb.connect(database, read_only=True)
+            store.con.execute("SELECT count(*) FROM pages").fetchone()
+        except duckdb.Error as exc:
+            raise ValueError(f"{database}: not a kvaudit database ({str(exc).splitlines()[0]})") from None
+        return store
+
+    def _create(self) -> None:
+        for name, schema in _TABLES.items():
+            self.con.register("_empty", schema.empty_table())
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} AS SELECT * FROM _empty")
+            self.con.unregister("_empty")
+        for name, body in _VIEWS.items():
+            self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+
+    def refresh(self, *, final: bool = True, progress: Callable[[int], None] | None = None) -> Tables:
+        """Read what was appended to the files since the last refresh.
+
+        Args:
+            final: also read an unterminated last line (see `reader.read_files`).
+            progress: called with the bytes of each decoded range.
+
+        Returns:
+            The rows added by this refresh.
+        """
+        if not self.paths:
+            return Tables.concat([])
+        tables = read_files(
+            expand_paths(self.paths), self._cursors, final=final, workers=self._workers, progress=progress
+        )
+        self._append(tables)
+        return tables
+
+    def pending_bytes(self) -> int:
+        """Bytes in the files not read yet (for progress bars)."""
+        total = 0
+        for path in expand_paths(self.paths):
+            cursor = self._cursors.get(path)
+            total += os.path.getsize(path) - (cursor.offset if cursor else 0)
+        return max(total, 0)
+
+    def _append(self, tables: Tables) -> None:
+        for name, table in (
+            ("kv_resources", tables.resources),
+            ("kv_spans", tables.spans),
+            ("kv_pages", tables.pages),
+            ("kv_read_errors", tables.errors),
+        ):
+            if table.num_rows:
+                self.con.register("_batch", table)
+                self.con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
+                self.con.unregister("_batch")
+
+    def sql(self, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation | None:
+        """Run a query over the views; returns its relation (None for a statement)."""
+        return self.con.sql(query, params=params)
+
+    def query(self, query: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Column names and rows of a query."""
+        cursor = self.con.execute(query, params or {})
+        if cursor.description is None:
+            return [], []
+        return [d[0] for d in cursor.description], cursor.fetchall()
+
+    def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+        result = self.con.execute(query, params or {})
+        return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.arrow()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def open_store(paths: Sequence[str], *, progress: Callable[[int], None] | None = None) -> TraceStore:
+    """A store over trace paths, or over one database written by `kvaudit ingest`.
+
+    Raises:
+        FileNotFoundError: a path matches nothing.
+        ValueError: a `.duckdb` file that is not a kvaudit database, or mixed with trace files.
+    """
+    databases = [p for p in paths if str(p).endswith(".duckdb")]
+    if databases:
+        if len(paths) != 1:
+            raise ValueError("give either one database written by `kvaudit ingest` or trace files, not both")
+        return TraceStore.open_ingested(databases[0])
+    store = TraceStore(paths)
+    store.refresh(progress=progress)
+    return store

@@ -1,0 +1,224 @@
+"""Emission through the real SDK pieces and file exporter, read back through DuckDB."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from kvaudit.contract import Hook, Op, Outcome, PageAttr, PageDescriptor, SpanAttr, TelemetryAttr
+from kvaudit.emission import Emitter, exporter_for, replica_resource, setup_emitter
+from kvaudit.line_file import LineFile
+from kvaudit.otlp_json import line_to_traces_data, spans_to_line
+from kvaudit.span_batcher import SpanBatcher
+from kvaudit.store import TraceStore
+
+from .conftest import KV, full_page
+
+
+class Capture(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans):
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+class Broken(SpanExporter):
+    def export(self, spans):
+        raise RuntimeError("collector on fire")
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _emit_two_replicas(trace_dir: Path) -> dict[str, list[PageDescriptor]]:
+    sent: dict[str, list[PageDescriptor]] = {"store": [], "fetch": []}
+    r1 = setup_emitter("r1", f"file:{trace_dir}/{{replica}}.jsonl", engine="vllm", engine_version="0.32.0", kv=KV)
+    r2 = setup_emitter("r2", f"file:{trace_dir}/r2.jsonl", engine="vllm", kv=KV)
+    with r1.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id="req-1", backend="vllm.example_connector") as op:
+        for i in range(3):
+            page = full_page(f"{i:064x}", i)
+            sent["store"].append(page)
+            op.add_page(page)
+        op.end(Outcome.HIT, tokens_stored=96)
+    with r2.operation(
+        Op.FETCH, hook=Hook.VLLM_CONNECTOR, request_id="req-2", backend="vllm.example_connector", tokens_requested=100
+    ) as op:
+        for i in range(3):
+            page = full_page(f"{i:064x}", i, used=True)
+            sent["fetch"].append(page)
+            op.add_page(page)
+        # A bare raw-pointer page: only what it carried.
+        bare = PageDescriptor(key="ff" * 32, used=True, transfer="raw_ptr", address=0x7F00DEAD0000)
+        sent["fetch"].append(bare)
+        op.add_page(bare)
+        op.end(Outcome.PARTIAL, tokens_hit=96)
+    r1.shutdown()
+    r2.shutdown()
+    return sent
+
+
+def test_round_trip_every_field_equal(trace_dir: Path):
+    sent = _emit_two_replicas(trace_dir)
+    store = TraceStore([trace_dir])
+    store.refresh()
+    columns, rows = store.query("SELECT * FROM pages ORDER BY op DESC, token_start NULLS LAST")
+    got = [dict(zip(columns, row)) for row in rows]
+    expected = sent["store"] + sent["fetch"]
+    assert len(got) == len(expected)
+    for row, page in zip(got, expected):
+        back = PageDescriptor.from_attributes(
+            {attr: row[field] for field, attr in _page_attr_names().items() if row[field] is not None}
+        )
+        assert back == page
+    store_row = got[0]
+    assert (store_row["replica"], store_row["op"], store_row["request_id"]) == ("r1", "store", "req-1")
+    _, spans = store.query(
+        "SELECT replica, op, tokens_requested, tokens_hit, pages, bytes, outcome FROM spans "
+        "WHERE op IS NOT NULL ORDER BY replica"
+    )
+    assert spans == [
+        ("r1", "store", None, None, 3, 3 * 16384, "hit"),
+        ("r2", "fetch", 100, 96, 4, 3 * 16384, "partial"),
+    ]
+    _, replicas = store.query(
+        "SELECT replica, engine, engine_version, model, layout, head_size FROM replicas ORDER BY 1"
+    )
+    assert replicas == [
+        ("r1", "vllm", "0.32.0", "tiny-llama", "NB_NH_BS_2HS", 32),
+        ("r2", "vllm", None, "tiny-llama", "NB_NH_BS_2HS", 32),
+    ]
+    _, [(dtype, shape, transfer)] = store.query(f"SELECT dtype, shape, transfer FROM pages WHERE key = '{'ff' * 32}'")
+    assert (dtype, shape, transfer) == (None, None, "raw_ptr")
+
+
+def _page_attr_names() -> dict[str, str]:
+    return {field: getattr(PageAttr, field.upper()) for field in PageDescriptor.__struct_fields__}
+
+
+def test_every_line_is_otlp_traces_data_with_hex_ids(trace_dir: Path):
+    _emit_two_replicas(trace_dir)
+    lines = [line for path in sorted(trace_dir.iterdir()) for line in path.read_bytes().splitlines()]
+    assert lines
+    for line in lines:
+        data = line_to_traces_data(line)
+        raw = json.loads(line)
+        span = raw["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        assert len(span["traceId"]) == 32 and int(span["traceId"], 16)
+        assert len(span["spanId"]) == 16 and int(span["spanId"], 16)
+        assert isinstance(span["startTimeUnixNano"], str) and isinstance(span["kind"], int)
+        assert data.resource_spans[0].scope_spans[0].spans[0].trace_id.hex() == span["traceId"]
+
+
+def test_lines_equal_the_official_otlp_encoder():
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1", engine="vllm", kv=KV), SpanBatcher(capture))
+    with emitter.operation(Op.FETCH, hook=Hook.LMCACHE_ENGINE, request_id="q", tokens_requested=64) as op:
+        op.add_page(full_page("aa", used=False))
+        op.add_page(PageDescriptor(key="bb", shape=(), used=True))
+        op.end(Outcome.REJECTED, tokens_hit=0)
+    emitter.operation(Op.STORE, hook=Hook.LMCACHE_ENGINE).end()
+    emitter.flush()
+    ours = line_to_traces_data(spans_to_line(capture.spans))
+    official = TracesData(resource_spans=encode_spans(capture.spans).resource_spans)
+    assert ours == official
+
+
+def test_exceptions_inside_emission_never_reach_the_caller(caplog: pytest.LogCaptureFixture):
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    with caplog.at_level(logging.WARNING):
+        op = emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR)
+        op.add_page("not a descriptor")  # type: ignore[arg-type]
+        op.end(Outcome.HIT)  # summing bytes over a bad page fails inside
+    assert emitter.stats.errors == 1
+    assert "emission failed" in caplog.text
+
+
+def test_the_callers_own_exception_propagates_and_is_recorded():
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    with pytest.raises(KeyError), emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR):
+        raise KeyError("engine failure")
+    emitter.flush()
+    assert capture.spans[0].attributes[SpanAttr.OUTCOME] == "error"
+    assert emitter.stats.errors == 0
+
+
+def test_a_failing_exporter_is_counted_and_reported_as_telemetry(trace_dir: Path):
+    broken = Emitter(replica_resource("r1"), SpanBatcher(Broken()))
+    with broken.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR) as op:
+        op.end(Outcome.MISS)
+    assert broken.flush(5)
+    stats = broken.stats
+    assert stats.failed_exports >= 1 and stats.dropped_spans >= 1
+    broken.shutdown()
+
+
+def test_full_queue_drops_are_counted_and_travel_in_the_trace(trace_dir: Path):
+    exporter = exporter_for(f"file:{trace_dir}/r1.jsonl", "r1")
+    batcher = SpanBatcher(exporter, max_queue=5, delay_s=60)
+    emitter = Emitter(replica_resource("r1"), batcher, telemetry_interval_s=0)
+    for _ in range(20):
+        emitter.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR).end(Outcome.MISS)
+    emitter.shutdown()
+    assert emitter.stats.dropped_spans > 0
+    store = TraceStore([trace_dir])
+    store.refresh()
+    _, [(dropped,)] = store.query(
+        f"SELECT max(telemetry_dropped_spans) FROM spans WHERE name = '{TelemetryAttr.SPAN_NAME}'"
+    )
+    assert dropped == emitter.stats.dropped_spans
+
+
+def test_too_many_pages_are_dropped_visibly():
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture), max_pages_per_span=2)
+    with emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR) as op:
+        for i in range(5):
+            op.add_page(PageDescriptor(key=str(i)))
+        op.end(Outcome.HIT)
+    emitter.flush()
+    span = capture.spans[0]
+    assert len(span.events) == 2 and span.dropped_events == 3
+
+
+def test_a_file_is_never_shared_between_two_writers(tmp_path: Path):
+    first = LineFile(tmp_path / "r1.jsonl")
+    second = LineFile(tmp_path / "r1.jsonl")  # another open description: must not append to the same file
+    assert first.path != second.path and str(os.getpid()) in second.path.name
+    first.close()
+    second.close()
+
+
+def test_rotation_and_crash_tolerance(tmp_path: Path):
+    path = tmp_path / "r1.jsonl"
+    path.write_bytes(b'{"resourceSpans":[]}\n{"resourceSp')  # a writer killed mid-line
+    writer = LineFile(path, max_bytes=64)
+    writer.write(b'{"resourceSpans":[]}\n')
+    assert path.read_bytes().endswith(b'{"resourceSp\n{"resourceSpans":[]}\n')
+    for _ in range(5):
+        writer.write(b'{"resourceSpans":[]}\n')
+    writer.close()
+    files = sorted(tmp_path.iterdir())
+    assert len(files) > 1
+    assert all(f.read_bytes().endswith(b"\n") for f in files)
+
+
+def test_export_spec_errors():
+    with pytest.raises(ValueError, match="expected file:PATH or otlp:URL"):
+        exporter_for("kafka:topic", "r1")
+    with pytest.raises(ValueError, match="replica id"):
+        setup_emitter("", "file:/tmp/x.jsonl")

@@ -1,0 +1,1 @@
+"""The live terminal UI (installed as `kvaudit.tui`)."""
