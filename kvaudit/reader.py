@@ -130,6 +130,7 @@ ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), (
 
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
+PARALLEL_MIN_BYTES: Final = 8 * 1024 * 1024
 
 
 @dataclass
@@ -432,6 +433,8 @@ def read_files(
     """
     cursors = {} if cursors is None else cursors
     tasks = list(_plan(files, cursors))
+    if sum(end - start for _, start, end in tasks) < PARALLEL_MIN_BYTES:
+        workers = 1  # starting processes costs more than decoding a small increment
     workers = min(workers or os.cpu_count() or 1, len(tasks))
     if workers <= 1:
         results = map(lambda task: read_range(*task, final), tasks)
