@@ -1,0 +1,168 @@
+"""kvaudit SQL (DuckDB's dialect) to ClickHouse, through sqlglot.
+
+The named queries and the audit rules are written once, in DuckDB SQL. sqlglot
+translates most of it; this module adds what kvaudit's queries need beyond that:
+
+- `getvariable('name')`, how the queries take parameters in DuckDB, becomes the
+  parameter's value as a literal (ClickHouse has no session variables);
+- `json_object(...)` becomes JSON text built with `toJSONString` (ClickHouse has no
+  json_object; a nested json_object, or a CASE of them, is embedded as is);
+- `concat_ws` skips NULL arguments, as in DuckDB (sqlglot's translation would turn
+  them into empty strings between separators);
+- `list_product(x)` becomes `arrayProduct(x)`, which also reads the views' nullable
+  arrays (ClickHouse's `arrayJoin`, sqlglot's `unnest`, does not);
+- the aggregate `product(x)` becomes `arrayProduct(groupArray(x))` (ClickHouse has no
+  product aggregate);
+- a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`).
+
+Where a construct has no translation, the source query is written in a form both
+engines share instead (see queries/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import Final, NamedTuple
+
+import sqlglot
+from sqlglot import exp
+
+from kvaudit.backends.base import Params
+
+READ: Final = "duckdb"
+WRITE: Final = "clickhouse"
+
+
+class Statement(NamedTuple):
+    sql: str
+    returns_rows: bool  # a query (SELECT, UNION, ...), not a statement such as CREATE
+
+
+def to_clickhouse(
+    sql: str, params: Params | None = None, columns: Mapping[str, Sequence[str]] | None = None
+) -> list[Statement]:
+    """The ClickHouse statements for the kvaudit SQL `sql` with its variables bound.
+
+    Args:
+        sql: kvaudit SQL.
+        params: the values of its `getvariable` variables.
+        columns: the columns of tables and views, by name: `t.*` over one of them is
+            expanded, because ClickHouse names the columns of a `t.*` that also occur
+            in another joined table `t.column`, and DuckDB names them `column`.
+
+    Raises:
+        sqlglot.errors.ParseError: `sql` is not valid DuckDB SQL.
+    """
+    bound = tuple(sorted((params or {}).items()))
+    known = tuple(sorted((name, tuple(names)) for name, names in (columns or {}).items()))
+    return list(_translate(sql, bound, known))
+
+
+@lru_cache(maxsize=256)
+def _translate(
+    sql: str, params: tuple[tuple[str, object], ...], columns: tuple[tuple[str, tuple[str, ...]], ...]
+) -> tuple[Statement, ...]:
+    values, known = dict(params), dict(columns)
+    statements = []
+    for tree in sqlglot.parse(sql, read=READ):
+        if tree is None:
+            continue
+        for rewrite in (_bind_variables(values), _expand_stars(known), _rewrite_functions, _rewrite_json_objects):
+            tree = tree.transform(rewrite)
+        statements.append(Statement(tree.sql(dialect=WRITE), isinstance(tree, exp.Query)))
+    return tuple(statements)
+
+
+def _bind_variables(values: dict[str, object]) -> Callable[[exp.Expression], exp.Expression]:
+    def bind(node: exp.Expression) -> exp.Expression:
+        if _is_call(node, "getvariable"):
+            name = node.expressions[0].name
+            value = values.get(name)
+            return exp.null() if value is None else exp.convert(value)
+        return node
+
+    return bind
+
+
+def _expand_stars(columns: dict[str, tuple[str, ...]]) -> Callable[[exp.Expression], exp.Expression]:
+    def expand(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Select):
+            return node
+        sources = {
+            table.alias_or_name: table.name
+            for table in node.find_all(exp.Table)
+            if table.parent_select is node and table.name in columns
+        }
+        projections: list[exp.Expression] = []
+        for selected in node.expressions:
+            if isinstance(selected, exp.Column) and isinstance(selected.this, exp.Star) and selected.table in sources:
+                alias = selected.table
+                projections += [exp.alias_(exp.column(name, alias), name) for name in columns[sources[alias]]]
+            else:
+                projections.append(selected)
+        return node.select(*projections, append=False) if projections != node.expressions else node
+
+    return expand
+
+
+def _rewrite_functions(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Select):
+        for i, selected in enumerate(node.expressions):
+            if isinstance(selected, exp.Column) and selected.table and not isinstance(selected.this, exp.Star):
+                node.expressions[i] = exp.alias_(selected, selected.name)
+    if isinstance(node, exp.ConcatWs):
+        separator, *parts = node.expressions
+        strings = [exp.cast(part, exp.DataType.build("Nullable(String)", dialect=WRITE)) for part in parts]
+        # arrayStringConcat leaves NULL elements out, as DuckDB's concat_ws does.
+        return exp.Anonymous(this="arrayStringConcat", expressions=[exp.Array(expressions=strings), separator])
+    if _is_call(node, "list_product"):
+        return exp.Anonymous(this="arrayProduct", expressions=node.expressions)
+    if _is_call(node, "product"):
+        grouped = exp.Anonymous(this="groupArray", expressions=node.expressions)
+        product = exp.Anonymous(this="arrayProduct", expressions=[grouped])
+        # Over no non-NULL value DuckDB's product is NULL; arrayProduct of [] is not.
+        no_values = exp.EQ(this=exp.Count(this=node.expressions[0].copy()), expression=exp.Literal.number(0))
+        return exp.If(this=no_values, true=exp.null(), false=product)
+    return node
+
+
+def _rewrite_json_objects(node: exp.Expression) -> exp.Expression:
+    # `transform` does not descend into a replaced node, so nested objects are built here.
+    return _json_text(node) if isinstance(node, exp.JSONObject) else node
+
+
+def _json_text(node: exp.JSONObject) -> exp.Expression:
+    parts: list[exp.Expression] = []
+    for i, pair in enumerate(node.expressions):
+        prefix = ("," if i else "{") + json.dumps(pair.this.name) + ":"
+        parts += [exp.Literal.string(prefix), _json_value(pair.expression)]
+    parts.append(exp.Literal.string("}" if parts else "{}"))
+    return exp.Anonymous(this="concat", expressions=parts)
+
+
+def _json_value(value: exp.Expression) -> exp.Expression:
+    """A value as JSON text; NULL as `null`, like DuckDB's json_object."""
+    if isinstance(value, exp.JSONObject):
+        return _json_text(value)
+    if isinstance(value, exp.Case) and _json_branches(value):
+        for branch in value.args.get("ifs") or []:
+            if isinstance(branch.args["true"], exp.JSONObject):
+                branch.set("true", _json_text(branch.args["true"]))
+        if isinstance(value.args.get("default"), exp.JSONObject):
+            value.set("default", _json_text(value.args["default"]))
+        return exp.func("ifNull", value, exp.Literal.string("null"))
+    return exp.func("ifNull", exp.Anonymous(this="toJSONString", expressions=[value]), exp.Literal.string("null"))
+
+
+def _json_branches(case: exp.Case) -> bool:
+    """Whether every result of a CASE is a json_object (or NULL): its text is embedded as is."""
+    results = [branch.args["true"] for branch in case.args.get("ifs") or []]
+    if case.args.get("default") is not None:
+        results.append(case.args["default"])
+    return bool(results) and all(isinstance(r, exp.JSONObject | exp.Null) for r in results)
+
+
+def _is_call(node: exp.Expression, name: str) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.lower() == name
