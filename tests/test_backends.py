@@ -133,6 +133,16 @@ REPRESENTATIVE = {
     "list_product_and_absent_arrays": """
         SELECT key, list_product(shape) AS elements, shape IS NULL AS no_shape FROM pages""",
     "product_aggregate": "SELECT key, product(token_end) AS p FROM pages GROUP BY key",
+    "portable_hash": "SELECT key, md5_number_upper(key) % 1000 AS bucket, md5_number_lower(key) AS low FROM pages",
+    "percentiles_and_aliases": """
+        SELECT op, sum(tokens_hit) AS tokens_hit, sum(tokens_hit) / nullif(count(*), 0) AS mean_hit,
+               percentile_cont(0.9) WITHIN GROUP (ORDER BY duration_ms) AS p90,
+               quantile_cont(duration_ms, 0.5) AS p50, median(duration_ms) AS p50_again,
+               to_timestamp(min(start_ns) / 1e9) AS first_start
+        FROM spans GROUP BY op""",
+    "window_functions": """
+        SELECT key, cume_dist() OVER (ORDER BY token_start, key) AS cd,
+               row_number() OVER (PARTITION BY op ORDER BY time_ns) AS nth FROM pages""",
     "outer_join_nulls_and_stars": """
         SELECT f.*, s.replica AS producer, s.shape AS s_shape
         FROM pages f LEFT JOIN (SELECT * FROM pages WHERE op = 'store') s ON s.key = f.key

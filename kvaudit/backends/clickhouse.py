@@ -24,9 +24,12 @@ from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_
 from kvaudit.backends.translate import WRITE, to_clickhouse
 
 # DuckDB's semantics where ClickHouse's defaults differ: an outer join's missing side
-# is NULL (not the type's default), an aggregate over no rows is NULL (not 0), and the
-# views' nullable arrays (Variant) may be grouped and sorted by, as lists in DuckDB.
+# is NULL (not the type's default), an aggregate over no rows is NULL (not 0), a name
+# that is both a column and an alias of the same SELECT is the column (`sum(x) AS x`
+# would otherwise nest aggregates), and the views' nullable arrays (Variant) may be
+# grouped and sorted by, as lists in DuckDB.
 SETTINGS: Final[dict[str, Any]] = {
+    "prefer_column_name_to_alias": 1,
     "join_use_nulls": 1,
     "aggregate_functions_null_for_empty": 1,
     "allow_suspicious_types_in_group_by": 1,

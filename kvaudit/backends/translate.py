@@ -13,6 +13,15 @@ translates most of it; this module adds what kvaudit's queries need beyond that:
   arrays (ClickHouse's `arrayJoin`, sqlglot's `unnest`, does not);
 - the aggregate `product(x)` becomes `arrayProduct(groupArray(x))` (ClickHouse has no
   product aggregate);
+- continuous percentiles (`percentile_cont(q) WITHIN GROUP (ORDER BY x)`,
+  `quantile_cont(x, q)`, `median(x)`) become `quantileExactInclusive(q)(x)`: the same
+  linear interpolation between the two nearest values (sqlglot's `quantile` samples);
+- `to_timestamp(seconds)` keeps its fraction of a second and its time zone (sqlglot's
+  translation truncates to whole seconds);
+- `md5_number_upper(x)` and `md5_number_lower(x)`, the halves of the MD5 digest as
+  UBIGINT, are read the same way out of ClickHouse's `MD5(x)`: a hash both engines
+  compute alike, where DuckDB's `hash` has no equal in ClickHouse;
+- `cume_dist()` is spelled in lower case, the only spelling ClickHouse knows;
 - a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`).
 
 Where a construct has no translation, the source query is written in a form both
@@ -117,6 +126,19 @@ def _rewrite_functions(node: exp.Expression) -> exp.Expression:
         strings = [exp.cast(part, exp.DataType.build("Nullable(String)", dialect=WRITE)) for part in parts]
         # arrayStringConcat leaves NULL elements out, as DuckDB's concat_ws does.
         return exp.Anonymous(this="arrayStringConcat", expressions=[exp.Array(expressions=strings), separator])
+    percentile = _percentile(node)
+    if percentile is not None:
+        return percentile
+    if isinstance(node, exp.UnixToTime) and node.args.get("scale") is None:
+        micros = exp.cast(exp.func("round", exp.Mul(this=node.this, expression=exp.Literal.number("1e6"))), "Int64")
+        return exp.Anonymous(this="fromUnixTimestamp64Micro", expressions=[micros, exp.Literal.string("UTC")])
+    if isinstance(node, exp.CumeDist):
+        return exp.Anonymous(this="cume_dist")
+    for name, start in (("md5_number_upper", 1), ("md5_number_lower", 9)):
+        if _is_call(node, name):
+            digest = exp.Anonymous(this="MD5", expressions=node.expressions)  # the binary digest, not hex
+            half = exp.func("substring", digest, start, 8)
+            return exp.Anonymous(this="reinterpretAsUInt64", expressions=[half])
     if _is_call(node, "list_product"):
         return exp.Anonymous(this="arrayProduct", expressions=node.expressions)
     if _is_call(node, "product"):
@@ -126,6 +148,23 @@ def _rewrite_functions(node: exp.Expression) -> exp.Expression:
         no_values = exp.EQ(this=exp.Count(this=node.expressions[0].copy()), expression=exp.Literal.number(0))
         return exp.If(this=no_values, true=exp.null(), false=product)
     return node
+
+
+def _percentile(node: exp.Expression) -> exp.Expression | None:
+    """`quantileExactInclusive(q)(x)` for a continuous percentile of x, or None for anything else."""
+    if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont):
+        [ordered] = node.expression.expressions
+        level = node.this.this
+        if ordered.args.get("desc"):
+            level = exp.Sub(this=exp.Literal.number(1), expression=level)
+        value = ordered.this
+    elif isinstance(node, exp.PercentileCont):
+        value, level = node.this, node.expression
+    elif isinstance(node, exp.Median):
+        value, level = node.this, exp.Literal.number(0.5)
+    else:
+        return None
+    return exp.ParameterizedAgg(this="quantileExactInclusive", expressions=[level], params=[value])
 
 
 def _rewrite_json_objects(node: exp.Expression) -> exp.Expression:
