@@ -25,6 +25,8 @@ from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emission import setup_emitter
 from kvaudit.named_queries import load
+from kvaudit.otlp_schema import AnyValue, ArrayValue
+from kvaudit.reader import attribute_text
 from kvaudit.store import open_store
 
 from .conftest import KV, full_page
@@ -186,3 +188,22 @@ def test_errors_are_one_line(backends, capsys):
     assert main(["sql", "--backend", "clickhouse://127.0.0.1:9/otel", "SELECT 1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("kvaudit sql: error: 127.0.0.1:9: cannot connect to ClickHouse")
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (AnyValue(stringValue="bf16"), "bf16"),
+        (AnyValue(intValue="-42"), "-42"),
+        (AnyValue(intValue=7), "7"),
+        (AnyValue(boolValue=False), "false"),
+        (AnyValue(doubleValue=1.0), "1"),
+        (AnyValue(doubleValue=0.25), "0.25"),
+        (AnyValue(doubleValue=1e21), "1000000000000000000000"),
+        (AnyValue(arrayValue=ArrayValue([AnyValue(intValue="2"), AnyValue(intValue="64")])), "[2,64]"),
+        (AnyValue(), ""),
+    ],
+)
+def test_attribute_text_is_the_collectors(value, text):
+    """pdata's AsString, which the ClickHouse exporter stores and the views parse back."""
+    assert attribute_text(value) == text
