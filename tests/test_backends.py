@@ -170,7 +170,10 @@ def test_temp_tables_are_visible_to_later_queries(backends):
     import pyarrow as pa
 
     sizes = pa.table({"dtype": ["bfloat16"], "bytes": [2]})
-    sql = "SELECT p.key, list_product(p.shape) * d.bytes AS size FROM pages p JOIN element_sizes d USING (dtype)"
+    # `f.*` beside a joined table with a column of the same name (`bytes`), over a CTE.
+    sql = """
+        WITH f AS (SELECT key, bytes, dtype, shape FROM pages)
+        SELECT f.*, list_product(f.shape) * d.bytes AS size FROM f JOIN element_sizes d ON d.dtype = f.dtype"""
     for backend in backends:
         backend.temp_table("element_sizes", sizes)
     duck, clickhouse = backends

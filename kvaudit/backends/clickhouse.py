@@ -148,6 +148,7 @@ class ClickHouseBackend(Backend):
         self.connection = connection
         self.table = table
         self._views = False
+        self._columns = view_columns()  # and those of the temporary tables made here
 
     def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
         if not self._views:
@@ -155,7 +156,7 @@ class ClickHouseBackend(Backend):
                 self.connection.command(statement)
             self._views = True
         try:
-            statements = to_clickhouse(sql, params, view_columns())
+            statements = to_clickhouse(sql, params, self._columns)
         except sqlglot.errors.SqlglotError as exc:
             raise BackendError(f"cannot translate the query to ClickHouse: {_first_line(exc)}") from None
         result = pa.table({})
@@ -176,6 +177,7 @@ class ClickHouseBackend(Backend):
         self.connection.command(f"CREATE OR REPLACE TEMPORARY TABLE {_identifier(name)} ({columns}) ENGINE = Memory")
         if table.num_rows:
             self.connection.insert(_identifier(name), table)
+        self._columns[name] = table.column_names
 
     def close(self) -> None:
         self.connection.close()

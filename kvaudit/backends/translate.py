@@ -57,9 +57,10 @@ def to_clickhouse(
     Args:
         sql: kvaudit SQL.
         params: the values of its `getvariable` variables.
-        columns: the columns of tables and views, by name: `t.*` over one of them is
-            expanded, because ClickHouse names the columns of a `t.*` that also occur
-            in another joined table `t.column`, and DuckDB names them `column`.
+        columns: the columns of tables and views, by name: `t.*` over one of them (or
+            over a CTE or subquery of them) is expanded, because ClickHouse names the
+            columns of a `t.*` that also occur in another joined table `t.column`, and
+            DuckDB names them `column`.
 
     Raises:
         sqlglot.errors.ParseError: `sql` is not valid DuckDB SQL.
@@ -78,7 +79,8 @@ def _translate(
     for tree in sqlglot.parse(sql, read=READ):
         if tree is None:
             continue
-        for rewrite in (_bind_variables(values), _expand_stars(known), _rewrite_functions, _rewrite_json_objects):
+        _expand_stars(tree, known)
+        for rewrite in (_bind_variables(values), _rewrite_functions, _rewrite_json_objects):
             tree = tree.transform(rewrite)
         statements.append(Statement(tree.sql(dialect=WRITE), isinstance(tree, exp.Query)))
     return tuple(statements)
@@ -95,25 +97,67 @@ def _bind_variables(values: dict[str, object]) -> Callable[[exp.Expression], exp
     return bind
 
 
-def _expand_stars(columns: dict[str, tuple[str, ...]]) -> Callable[[exp.Expression], exp.Expression]:
-    def expand(node: exp.Expression) -> exp.Expression:
-        if not isinstance(node, exp.Select):
-            return node
-        sources = {
-            table.alias_or_name: table.name
-            for table in node.find_all(exp.Table)
-            if table.parent_select is node and table.name in columns
-        }
-        projections: list[exp.Expression] = []
-        for selected in node.expressions:
-            if isinstance(selected, exp.Column) and isinstance(selected.this, exp.Star) and selected.table in sources:
-                alias = selected.table
-                projections += [exp.alias_(exp.column(name, alias), name) for name in columns[sources[alias]]]
-            else:
-                projections.append(selected)
-        return node.select(*projections, append=False) if projections != node.expressions else node
+def _expand_stars(tree: exp.Expression, known: dict[str, tuple[str, ...]]) -> None:
+    """Expand `t.*` in place wherever t's columns can be told: a known table or view, or a
+    CTE or subquery built on them (innermost first, so each is known before its users)."""
+    names = dict(known)
 
-    return expand
+    def visit(node: exp.Expression) -> None:
+        # A WITH first (sqlglot keeps it last on a UNION): its CTEs precede their users.
+        children = sorted(node.iter_expressions(), key=lambda child: child.arg_key != "with_")
+        for child in children:
+            visit(child)
+        if isinstance(node, exp.Select):
+            _expand_select(node, names)
+        if isinstance(node, exp.Query) and isinstance(node.parent, exp.CTE | exp.Subquery) and node.parent.alias:
+            output = _output_names(node, names)
+            if output is not None:
+                names[node.parent.alias] = output
+
+    visit(tree)
+
+
+def _sources(select: exp.Select, names: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The columns of each source of a SELECT (by its alias) whose columns are known."""
+    found = {}
+    for join in [select.args.get("from_"), *(select.args.get("joins") or [])]:
+        source = join.this if join is not None else None
+        if isinstance(source, exp.Table) and source.name in names:
+            found[source.alias_or_name] = names[source.name]
+        elif isinstance(source, exp.Subquery) and source.alias in names:
+            found[source.alias] = names[source.alias]
+    return found
+
+
+def _expand_select(select: exp.Select, names: dict[str, tuple[str, ...]]) -> None:
+    sources = _sources(select, names)
+    projections: list[exp.Expression] = []
+    for selected in select.expressions:
+        if isinstance(selected, exp.Column) and isinstance(selected.this, exp.Star) and selected.table in sources:
+            table = selected.table
+            projections += [exp.alias_(exp.column(name, table), name) for name in sources[table]]
+        else:
+            projections.append(selected)
+    if len(projections) != len(select.expressions):
+        select.set("expressions", projections)
+
+
+def _output_names(query: exp.Query, names: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The column names a query outputs, or None where a star hides them."""
+    if isinstance(query, exp.SetOperation):
+        return _output_names(query.left, names)
+    if not isinstance(query, exp.Select):
+        return None
+    sources = _sources(query, names)
+    output: list[str] = []
+    for selected in query.expressions:
+        if isinstance(selected, exp.Star) and len(sources) == 1 and not query.args.get("joins"):
+            output += next(iter(sources.values()))
+        elif selected.is_star:
+            return None
+        else:
+            output.append(selected.alias_or_name)
+    return tuple(output)
 
 
 def _rewrite_functions(node: exp.Expression) -> exp.Expression:
