@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -124,11 +125,12 @@ def _report(label: str, figures: dict[str, float], show: Callable[[str], None]) 
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """`argv` only from the command line: `python -m bench` calls this with none."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pages", type=int, default=4, help="pages per request (default 4)")
     parser.add_argument("--reps", type=int, default=15, help="measured rounds per configuration (default 15)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv or [])
     with tempfile.TemporaryDirectory() as tmp:
         emitter = setup_emitter("bench", f"file:{tmp}/bench.jsonl", engine="lmcache")
         print(f"LMCache hook cost, pages of {PAGE_BYTES / 2**20:.0f} MiB, {args.pages} pages per request")
@@ -139,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

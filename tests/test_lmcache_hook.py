@@ -310,10 +310,10 @@ def _local_round(name: str, hooked: bool) -> tuple[int, int, Any]:
     try:
         tokens = list(range(TOKENS))
         kv = torch.randn(2, 2, TOKENS, 2, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-        engine.store(tokens, kvcache=kv)
-        looked_up = engine.lookup(tokens)
+        engine.store(tokens, kvcache=kv, req_id="req-store")
+        looked_up = engine.lookup(tokens, lookup_id="req-load")
         out = torch.zeros_like(kv)
-        retrieved = int(engine.retrieve(tokens, kvcache=out).sum())
+        retrieved = int(engine.retrieve(tokens, kvcache=out, req_id="req-load").sum())
         return looked_up, retrieved, out
     finally:
         LMCacheEngineBuilder.destroy(name)
@@ -335,11 +335,14 @@ def test_hooks_change_nothing_with_guard_off(tmp_path: Path) -> None:
     store.refresh()
     _, rows = store.query("SELECT op, count(*), bool_and(coalesce(used, true)) FROM pages GROUP BY op ORDER BY op")
     assert rows == [("fetch", 3, True), ("store", 3, True)]
+    _, rows = store.query("SELECT op, request_id FROM spans WHERE op IS NOT NULL ORDER BY start_ns")
+    assert rows == [("store", "req-store"), ("lookup", "req-load"), ("fetch", "req-load")]
     store.close()
 
 
 def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCaptureFixture) -> None:
     import lmcache
+    from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
@@ -348,6 +351,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
     names = ("batched_get", "get", "get_non_blocking", "layerwise_batched_get", "batched_contains")
     originals = {name: StorageManager.__dict__[name] for name in names}
     tokens_original = ChunkedTokenDatabase.__dict__["process_tokens"]
+    engine_originals = {name: LMCacheEngine.__dict__[name] for name in ("store", "retrieve", "lookup")}
     assert hook.instrument(replica="idem", export="file:/dev/null")
     wrapped = {name: StorageManager.__dict__[name] for name in names}
     assert all(wrapped[name] is not originals[name] for name in names)
@@ -357,6 +361,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
     hook.uninstrument()
     assert {name: StorageManager.__dict__[name] for name in names} == originals
     assert ChunkedTokenDatabase.__dict__["process_tokens"] is tokens_original
+    assert {name: LMCacheEngine.__dict__[name] for name in engine_originals} == engine_originals
     assert not hook.is_instrumented()
 
     real_version = lmcache.__version__

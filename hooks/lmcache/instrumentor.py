@@ -8,8 +8,9 @@ result.
 
 Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode acts
 here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
-finish, not guarded), `batched_contains` (lookups), and the token databases'
-`process_tokens`, only to learn each key's token range and hash algorithm.
+finish, not guarded), `batched_contains` (lookups); and, only to learn what those
+cannot see, the token databases' `process_tokens` (each key's token range, the hash
+algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def instrument(
             ", ".join(SUPPORTED_VERSIONS),
         )
         return False
+    from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
 
@@ -75,6 +77,8 @@ def instrument(
     _wrap(StorageManager, "get_non_blocking", _get_non_blocking)
     _wrap(StorageManager, "layerwise_batched_get", _layerwise_batched_get)
     _wrap(StorageManager, "batched_contains", _batched_contains)
+    for name in ("store", "retrieve", "lookup"):
+        _wrap(LMCacheEngine, name, _with_request_id)
     _wrap(ChunkedTokenDatabase, "process_tokens", _process_tokens)
     _wrap(SegmentTokenDatabase, "process_tokens", _process_tokens)
     return True
@@ -194,6 +198,20 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         return hit, mapping
 
     return batched_contains
+
+
+def _with_request_id(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request_id = kwargs.get("req_id") or kwargs.get("lookup_id")
+        if request_id is None:
+            return original(self, *args, **kwargs)
+        token = runtime.REQUEST_ID.set(str(request_id))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            runtime.REQUEST_ID.reset(token)
+
+    return call
 
 
 def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
