@@ -376,3 +376,34 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
         "kvaudit: LMCache 0.4.2 is not supported (supported: 0.5.6); LMCache hooks not installed"
     ]
     assert StorageManager.__dict__["batched_get"] is originals["batched_get"]
+
+
+def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path: Path) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert hook.instrument(replica="single", export=f"file:{tmp_path}/single.jsonl")
+    engine = cpu_engine("single", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    try:
+        tokens = list(range(TOKENS))
+        engine.store(tokens, kvcache=torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16))
+        first = next(key for _, _, key in engine.token_database.process_tokens(tokens))
+        obj = engine.storage_manager.get(first)
+        assert obj is not None
+        obj.ref_count_down()
+        # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
+        with pytest.raises(NotImplementedError):
+            engine.storage_manager.get_non_blocking(first, "LocalCPUBackend")
+    finally:
+        LMCacheEngineBuilder.destroy("single")
+        hook.uninstrument()
+
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, spans = store.query("SELECT op, outcome, pages, backend FROM spans WHERE op = 'fetch' ORDER BY start_ns")
+    assert spans == [("fetch", "hit", 1, "lmcache"), ("fetch", "error", 0, "lmcache.local_cpu")]
+    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch'")
+    assert pages == [(0, 256, True, None)]
+    store.close()

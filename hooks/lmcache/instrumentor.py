@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
-from kvaudit.contract import Op
+from kvaudit.contract import Op, Outcome
 from kvaudit.emission import Emitter
 from kvaudit.hooks.lmcache import fetch, runtime
 
@@ -106,6 +106,16 @@ def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: st
         return None
 
 
+def _call(op: Any, original: Callable[..., Any], *args: Any) -> Any:
+    """The original call; an exception of LMCache's ends the operation as an error, then propagates."""
+    try:
+        return original(*args)
+    except BaseException:
+        if op is not None:
+            op.end(Outcome.ERROR)
+        raise
+
+
 def _finish(state: runtime.Runtime, manager: Any, op: Any, keys: Any, objs: Any, location: Any, guard: bool) -> Any:
     if op is None:
         return objs
@@ -122,7 +132,7 @@ def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, keys, location)
         op = _start(state, self, Op.FETCH, keys, location)
-        objs = original(self, keys, location)
+        objs = _call(op, original, self, keys, location)
         return _finish(state, self, op, keys, objs, location, state.options.guard)
 
     return batched_get
@@ -134,7 +144,7 @@ def _get(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, key, location)
         op = _start(state, self, Op.FETCH, [key], location)
-        obj = original(self, key, location)
+        obj = _call(op, original, self, key, location)
         return _finish(state, self, op, [key], [obj], location, state.options.guard)[0]
 
     return get
@@ -146,7 +156,7 @@ def _get_non_blocking(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, key, location)
         op = _start(state, self, Op.FETCH, [key], location)
-        future = original(self, key, location)
+        future = _call(op, original, self, key, location)
         _observe(state, self, op, [key], future, location)
         return future
 
@@ -188,7 +198,7 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, keys, search_range, pin)
         op = _start(state, self, Op.LOOKUP, keys, None)
-        hit, mapping = original(self, keys, search_range, pin)
+        hit, mapping = _call(op, original, self, keys, search_range, pin)
         if op is not None:
             try:
                 last = state.range_of(keys[hit - 1]) if hit else None
