@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
@@ -407,3 +408,84 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
     _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch'")
     assert pages == [(0, 256, True, None)]
     store.close()
+
+
+def test_the_plugin_alone_switches_the_hooks_on_from_lmcache_config(tmp_path: Path) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert not hook.is_instrumented()
+    config = hook.plugin_config(replica="from-config", export=f"file:{tmp_path}/auto.jsonl", guard=True)
+    engine = cpu_engine("auto", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=config)
+    try:
+        assert hook.is_instrumented()
+        tokens = list(range(TOKENS))
+        kv = torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16)
+        engine.store(tokens, kvcache=kv)
+        assert int(engine.retrieve(tokens, kvcache=torch.zeros_like(kv)).sum()) == STORED
+    finally:
+        LMCacheEngineBuilder.destroy("auto")
+        hook.uninstrument()
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, rows = store.query("SELECT replica, op, count(*) FROM pages GROUP BY ALL ORDER BY op")
+    assert rows == [("from-config", "fetch", 3), ("from-config", "store", 3)]
+    store.close()
+
+
+def _page(**fields: Any) -> PageDescriptor:
+    """A fetched page as LMCache's remote backends deliver it: everything but the head split."""
+    page = PageDescriptor(
+        key="00ff",
+        hash_algo="builtin",
+        token_start=0,
+        token_end=256,
+        model="tiny",
+        dtype="bfloat16",
+        shape=(2, 2, 256, 32),
+        layout="KV_2LTD",
+        bytes=2 * 2 * 256 * 32 * 2,
+        world_size=1,
+        rank=0,
+        layers=2,
+        used=True,
+        transfer="copy",
+    )
+    return msgspec.structs.replace(page, **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "stored", "expected"),
+    [
+        ({}, None, []),
+        ({"shape": None, "dtype": None}, None, ["KVA001 dtype", "KVA001 shape"]),
+        ({"address": 1234}, None, ["KVA002 address"]),
+        ({"transfer": "raw_ptr"}, None, ["KVA002 address"]),
+        ({"bytes": 1000}, None, ["KVA003 bytes"]),
+        ({"dtype": "float16"}, None, ["KVA005 dtype"]),
+        ({"model": "other"}, None, ["KVA005 model"]),
+        ({"shape": (2, 2, 256, 64), "bytes": 2 * 2 * 256 * 64 * 2}, None, ["KVA005 shape"]),
+        ({}, {"kv_heads": 4, "head_size": 8}, ["KVA005 kv_heads", "KVA005 head_size"]),
+        ({"checksum": "xxh3_64:1"}, {"checksum": "xxh3_64:2"}, ["KVA004 checksum"]),
+        ({"checksum": "xxh3_64:1"}, {"checksum": "xxh3_64:1", "kv_heads": 2, "head_size": 16}, []),
+    ],
+)
+def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, expected: list[str]) -> None:
+    from kvaudit.contract import KVConfig
+    from kvaudit.hooks.lmcache.guard import violations
+
+    consumer = KVConfig(
+        model="tiny",
+        dtype="bfloat16",
+        layout="KV_2LTD",
+        world_size=1,
+        rank=0,
+        hash_algo="builtin",
+        layers=2,
+        kv_heads=2,
+        head_size=16,
+    )
+    producer = PageDescriptor(**stored) if stored is not None else None
+    assert violations(_page(**fields), consumer, (2, 2, 256, 32), producer) == expected
