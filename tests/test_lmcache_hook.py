@@ -233,6 +233,23 @@ def test_replica_fetches_the_other_replicas_pages(runs: Runs, producer: str, con
     assert (lookup["outcome"], lookup["tokens_hit"], lookup["tokens_requested"]) == ("hit", STORED, STORED)
 
 
+def test_cross_replica_reuse_through_kvaudit_sql(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvaudit.cli import main
+
+    query = """
+        SELECT f.replica AS consumer, s.replica AS producer, count(DISTINCT f.key) AS pages, sum(f.bytes) AS bytes
+        FROM pages f JOIN pages s ON s.key = f.key AND s.op = 'store' AND s.replica <> f.replica
+        WHERE f.op = 'fetch' AND f.used GROUP BY ALL ORDER BY consumer
+    """
+    assert main(["sql", str(runs.tmp / "traces"), query, "--format", "json"]) == 0
+    reuse = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert reuse == [
+        {"consumer": "f2", "producer": "f1", "pages": 6, "bytes": 6 * 65536},
+        {"consumer": "r2", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
+        {"consumer": "r3", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
+    ]
+
+
 def test_silent_misread_is_a_full_hit_the_traces_expose(runs: Runs) -> None:
     # r3 splits the same width into 4 heads of 8: LMCache serves r1's pages, no error.
     assert runs.result("r3") == {"lookup": STORED, "retrieved": STORED, "recomputed": TOKENS - STORED}
