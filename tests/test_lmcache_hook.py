@@ -506,3 +506,31 @@ def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, exp
     )
     producer = PageDescriptor(**stored) if stored is not None else None
     assert violations(_page(**fields), consumer, (2, 2, 256, 32), producer) == expected
+
+
+def test_a_failing_hook_leaves_lmcache_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache import fetch, plugin, runtime
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("describing failed")
+
+    monkeypatch.setattr(fetch, "fetch_page", broken)
+    monkeypatch.setattr(plugin, "store_page", broken)
+    before = runtime.failures()
+    assert hook.instrument(replica="broken", export=f"file:{tmp_path}/broken.jsonl", guard=True)
+    engine = cpu_engine("broken", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    try:
+        tokens = list(range(TOKENS))
+        kv = torch.randn(2, 2, TOKENS, 2, 16).to(torch.bfloat16)
+        engine.store(tokens, kvcache=kv)
+        out = torch.zeros_like(kv)
+        assert int(engine.retrieve(tokens, kvcache=out).sum()) == STORED
+        assert torch.equal(out[:, :, :STORED], kv[:, :, :STORED])
+    finally:
+        LMCacheEngineBuilder.destroy("broken")
+        hook.uninstrument()
+    assert runtime.failures() == before + 2  # one store, one fetch
