@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -414,6 +415,14 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
         # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
         with pytest.raises(NotImplementedError):
             engine.storage_manager.get_non_blocking(first, "LocalCPUBackend")
+        # The layerwise path: one future per layer, described when it finishes.
+        keys = [key for _, _, key in engine.token_database.process_tokens(tokens)][:2]
+        [future] = list(engine.storage_manager.layerwise_batched_get([keys]))
+        described = threading.Event()
+        future.add_done_callback(lambda _: described.set())  # runs after the hook's own callback
+        for obj in future.result(timeout=10):
+            obj.ref_count_down()
+        assert described.wait(10)
     finally:
         LMCacheEngineBuilder.destroy("single")
         hook.uninstrument()
@@ -421,9 +430,13 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
     store = TraceStore([tmp_path])
     store.refresh()
     _, spans = store.query("SELECT op, outcome, pages, backend FROM spans WHERE op = 'fetch' ORDER BY start_ns")
-    assert spans == [("fetch", "hit", 1, "lmcache"), ("fetch", "error", 0, "lmcache.local_cpu")]
-    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch'")
-    assert pages == [(0, 256, True, None)]
+    assert spans == [
+        ("fetch", "hit", 1, "lmcache"),
+        ("fetch", "error", 0, "lmcache.local_cpu"),
+        ("fetch", "hit", 2, "lmcache.local_cpu"),
+    ]
+    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch' ORDER BY time_ns")
+    assert pages == [(0, 256, True, None), (0, 256, True, "cpu"), (256, 512, True, "cpu")]
     store.close()
 
 
