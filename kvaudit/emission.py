@@ -80,6 +80,7 @@ class EmitterStats:
     dropped_spans: int = 0
     failed_exports: int = 0
     exported_spans: int = 0
+    lost_batches: int = 0
 
 
 class Operation:
@@ -174,7 +175,8 @@ class Emitter:
         self._max_pages = max_pages_per_span
         self._telemetry_interval_ns = int(telemetry_interval_s * 1e9)
         self._errors = 0
-        self._reported: tuple[int, int, int] = (0, 0, 0)
+        self._lost_batches = 0
+        self._reported: tuple[int, int, int, int] = (0, 0, 0, 0)
         self._next_report_ns = 0
         self._random = random.Random()
 
@@ -185,7 +187,14 @@ class Emitter:
     @property
     def stats(self) -> EmitterStats:
         batcher = self._batcher.stats
-        return EmitterStats(self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans)
+        return EmitterStats(
+            self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans, self._lost_batches
+        )
+
+    def count_lost_batches(self, batches: int) -> None:
+        """Record upstream event batches known missed (reported in the next `kvaudit.telemetry` span)."""
+        self._lost_batches += batches
+        self._report_telemetry()
 
     def operation(
         self,
@@ -268,7 +277,7 @@ class Emitter:
     def _report_telemetry(self, *, force: bool = False) -> None:
         """Emit a `kvaudit.telemetry` span when loss counts changed since the last one."""
         stats = self._batcher.stats
-        counts = (stats.dropped_spans, stats.failed_exports, self._errors)
+        counts = (stats.dropped_spans, stats.failed_exports, self._errors, self._lost_batches)
         now = time.time_ns()
         if counts == self._reported or (not force and now < self._next_report_ns):
             return
@@ -289,6 +298,7 @@ class Emitter:
                     TelemetryAttr.DROPPED_SPANS: counts[0],
                     TelemetryAttr.FAILED_EXPORTS: counts[1],
                     TelemetryAttr.ERRORS: counts[2],
+                    TelemetryAttr.LOST_BATCHES: counts[3],
                 },
                 start_time=now,
                 end_time=now,
