@@ -75,15 +75,20 @@ class StreamTranslator:
         return len(self._cached)
 
     def translate(self, batch: DecodedBatch) -> None:
+        # All events of a batch share its timestamp: one nanosecond apart per span keeps
+        # their order visible to queries (a block removed, then stored again, in one step).
         at_ns = int(batch.ts * 1e9)
         for kind, events in _runs(batch.events):
             if kind is BlockStored:
                 for event in events:
                     self._stored(event, at_ns)  # type: ignore[arg-type]
+                    at_ns += 1
             elif kind is BlockRemoved:
                 self._removed(events, at_ns)  # type: ignore[arg-type]
+                at_ns += 1
             else:
                 self.clear(at_ns)
+                at_ns += 1
 
     def clear(self, at_ns: int) -> None:
         """Every known block left the cache (a prefix cache reset, or the engine restarted)."""
