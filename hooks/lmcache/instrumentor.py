@@ -9,7 +9,9 @@ result.
 Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode acts
 here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
 finish, not guarded), `batched_contains` (lookups), and the token databases'
-`process_tokens`, only to learn each key's token range and hash algorithm.
+`process_tokens`, only to learn each key's token range and hash algorithm. And
+`LocalCPUBackend.remove` / `LocalDiskBackend.remove`, every page leaving those stores
+(evictions; see `evict`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Final
 
 from kvaudit.contract import Op
 from kvaudit.emission import Emitter
-from kvaudit.hooks.lmcache import fetch, runtime
+from kvaudit.hooks.lmcache import evict, fetch, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ def instrument(
             ", ".join(SUPPORTED_VERSIONS),
         )
         return False
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
 
@@ -77,6 +81,8 @@ def instrument(
     _wrap(StorageManager, "batched_contains", _batched_contains)
     _wrap(ChunkedTokenDatabase, "process_tokens", _process_tokens)
     _wrap(SegmentTokenDatabase, "process_tokens", _process_tokens)
+    _wrap(LocalCPUBackend, "remove", _remove)
+    _wrap(LocalDiskBackend, "remove", _remove)
     return True
 
 
@@ -194,6 +200,27 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         return hit, mapping
 
     return batched_contains
+
+
+def _remove(original: Callable[..., Any]) -> Callable[..., Any]:
+    def remove(self: Any, key: Any, force: bool = True) -> bool:
+        state = runtime.current()
+        if state is None:
+            return original(self, key, force)
+        try:
+            size = evict.held_bytes(self, key)
+        except Exception as exc:
+            logger.debug("kvaudit: eviction size unknown: %r", exc)
+            size = None
+        removed = original(self, key, force)
+        if removed:
+            try:
+                evict.record(state, self, key, size, force)
+            except Exception as exc:
+                logger.debug("kvaudit: eviction not recorded: %r", exc)
+        return removed
+
+    return remove
 
 
 def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -9,31 +9,38 @@
 -- descriptors' (vLLM's KV events carry none). The trace window is cut into about 60
 -- intervals of at least one second.
 -- Parameters: none.
--- Columns: replica, backend, tier, interval_start, pages (held at the interval's end),
---          bytes (idem), stored (pages that became held in it), evicted (pages evicted
---          in it).
+-- Columns: replica, backend, tier (as its evictions name it), interval_start, pages
+--          (held at the interval's end), bytes (idem), stored (pages that became held
+--          in it), evicted (pages evicted in it).
 WITH events AS (
-    SELECT replica, backend, tier, key, time_ns, op,
-           (op = 'store')::INTEGER AS held,
-           last_value(CASE WHEN op = 'store' THEN bytes END IGNORE NULLS) OVER by_key AS held_bytes
+    -- A store span names every backend it went to, comma-separated (LMCache's stores go
+    -- to all its backends at once): each of them took the page.
+    SELECT replica, unnest(string_split(backend, ',')) AS backend, tier, key, time_ns, op, bytes
     FROM pages
     WHERE op IN ('store', 'evict')
-    WINDOW by_key AS (PARTITION BY replica, backend, tier, key ORDER BY time_ns ROWS UNBOUNDED PRECEDING)
+),
+held AS (
+    SELECT replica, backend, key, time_ns, op,
+           max(tier) OVER (PARTITION BY replica, backend) AS tier,
+           (op = 'store')::INTEGER AS held,
+           last_value(CASE WHEN op = 'store' THEN bytes END IGNORE NULLS) OVER by_key AS held_bytes
+    FROM events
+    WINDOW by_key AS (PARTITION BY replica, backend, key ORDER BY time_ns ROWS UNBOUNDED PRECEDING)
 ),
 changes AS (
     SELECT *,
            held - coalesce(lag(held) OVER by_key, 0) AS d_pages,
            CASE WHEN held = 1 THEN coalesce(held_bytes, 0) ELSE coalesce(lag(held_bytes) OVER by_key, 0) END
                * (held - coalesce(lag(held) OVER by_key, 0)) AS d_bytes
-    FROM events
-    WINDOW by_key AS (PARTITION BY replica, backend, tier, key ORDER BY time_ns)
+    FROM held
+    WINDOW by_key AS (PARTITION BY replica, backend, key ORDER BY time_ns)
 ),
 running AS (
     SELECT *,
            sum(d_pages) OVER by_store AS pages,
            sum(d_bytes) OVER by_store AS bytes
     FROM changes
-    WINDOW by_store AS (PARTITION BY replica, backend, tier ORDER BY time_ns)
+    WINDOW by_store AS (PARTITION BY replica, backend ORDER BY time_ns)
 ),
 window_ AS (
     SELECT min(time_ns) AS t0, greatest((max(time_ns) - min(time_ns)) // 60, 1000000000) AS width FROM running
