@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,51 @@ def test_uninstrument_restores_the_backends():
     assert LocalCPUBackend.__dict__["remove"] is not originals[0]
     hook.uninstrument()
     assert (LocalCPUBackend.__dict__["remove"], LocalDiskBackend.__dict__["remove"]) == originals
+
+
+def test_a_full_disk_evicts_for_capacity(tmp_path: Path):
+    import time
+
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    def stored(engine: object, tokens: list[int]) -> None:
+        # Disk writes finish in the background.
+        deadline = time.monotonic() + 30
+        while engine.lookup(tokens) < len(tokens):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the disk backend did not take the pages"
+            time.sleep(0.05)
+
+    assert hook.instrument(replica="r1", export=f"file:{tmp_path}/r1.jsonl")
+    try:
+        engine = cpu_engine(
+            "evict-disk",
+            **GEOMETRY,
+            local_cpu=False,
+            local_disk=str(tmp_path / "disk"),
+            max_local_disk_size=POOL_GB,
+            storage_plugins=[hook.PLUGIN_NAME],
+            extra_config=hook.plugin_config(),
+        )
+        kv = torch.randn(2, 2, 3 * CHUNK, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        try:
+            engine.store(_sequence(1), kvcache=kv)
+            stored(engine, _sequence(1))
+            engine.store(_sequence(2), kvcache=kv)
+            stored(engine, _sequence(2))
+        finally:
+            LMCacheEngineBuilder.destroy("evict-disk")
+    finally:
+        hook.uninstrument()
+    store = TraceStore([tmp_path / "r1.jsonl"])
+    store.refresh()
+    a_keys = set(_stored_keys(store)[:3])
+    _, rows = store.query(
+        "SELECT p.key, p.tier, p.bytes, p.backend, s.evict_reason FROM pages p JOIN spans s USING (span_id)"
+        " WHERE p.op = 'evict' ORDER BY p.time_ns"
+    )
+    # Two of A's pages make room for B (which two depends on how the lookups touched them).
+    assert len(rows) == 2 and {row[0] for row in rows} <= a_keys
+    assert {row[1:] for row in rows} == {("disk", PAGE_BYTES, "lmcache.local_disk", "capacity")}
