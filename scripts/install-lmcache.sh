@@ -27,4 +27,4 @@ CAPS
 "${install[@]}" -c "$caps" \
     numpy numba msgspec sortedcontainers pyyaml pyzmq cachetools psutil py-cpuinfo \
     prometheus_client opentelemetry-api opentelemetry-sdk blake3 aiofile aiofiles aiohttp \
-    redis safetensors nvtx requests transformers cryptography httpx fastapi uvicorn xxhash
+    redis safetensors nvtx requests transformers cryptography xxhash

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
@@ -232,6 +233,23 @@ def test_replica_fetches_the_other_replicas_pages(runs: Runs, producer: str, con
     assert (lookup["outcome"], lookup["tokens_hit"], lookup["tokens_requested"]) == ("hit", STORED, STORED)
 
 
+def test_cross_replica_reuse_through_kvaudit_sql(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvaudit.cli import main
+
+    query = """
+        SELECT f.replica AS consumer, s.replica AS producer, count(DISTINCT f.key) AS pages, sum(f.bytes) AS bytes
+        FROM pages f JOIN pages s ON s.key = f.key AND s.op = 'store' AND s.replica <> f.replica
+        WHERE f.op = 'fetch' AND f.used GROUP BY ALL ORDER BY consumer
+    """
+    assert main(["sql", str(runs.tmp / "traces"), query, "--format", "json"]) == 0
+    reuse = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert reuse == [
+        {"consumer": "f2", "producer": "f1", "pages": 6, "bytes": 6 * 65536},
+        {"consumer": "r2", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
+        {"consumer": "r3", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
+    ]
+
+
 def test_silent_misread_is_a_full_hit_the_traces_expose(runs: Runs) -> None:
     # r3 splits the same width into 4 heads of 8: LMCache serves r1's pages, no error.
     assert runs.result("r3") == {"lookup": STORED, "retrieved": STORED, "recomputed": TOKENS - STORED}
@@ -310,10 +328,10 @@ def _local_round(name: str, hooked: bool) -> tuple[int, int, Any]:
     try:
         tokens = list(range(TOKENS))
         kv = torch.randn(2, 2, TOKENS, 2, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-        engine.store(tokens, kvcache=kv)
-        looked_up = engine.lookup(tokens)
+        engine.store(tokens, kvcache=kv, req_id="req-store")
+        looked_up = engine.lookup(tokens, lookup_id="req-load")
         out = torch.zeros_like(kv)
-        retrieved = int(engine.retrieve(tokens, kvcache=out).sum())
+        retrieved = int(engine.retrieve(tokens, kvcache=out, req_id="req-load").sum())
         return looked_up, retrieved, out
     finally:
         LMCacheEngineBuilder.destroy(name)
@@ -336,11 +354,14 @@ def test_hooks_change_nothing_with_guard_off(tmp_path: Path) -> None:
     _, rows = store.query("SELECT op, count(*), bool_and(coalesce(used, true)) FROM pages GROUP BY op ORDER BY op")
     # Destroying the engine removes its pages: the evictions are part of the record too.
     assert rows == [("evict", 3, True), ("fetch", 3, True), ("store", 3, True)]
+    _, rows = store.query("SELECT op, request_id FROM spans WHERE op IN ('store', 'lookup', 'fetch') ORDER BY start_ns")
+    assert rows == [("store", "req-store"), ("lookup", "req-load"), ("fetch", "req-load")]
     store.close()
 
 
 def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCaptureFixture) -> None:
     import lmcache
+    from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
@@ -349,6 +370,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
     names = ("batched_get", "get", "get_non_blocking", "layerwise_batched_get", "batched_contains")
     originals = {name: StorageManager.__dict__[name] for name in names}
     tokens_original = ChunkedTokenDatabase.__dict__["process_tokens"]
+    engine_originals = {name: LMCacheEngine.__dict__[name] for name in ("store", "retrieve", "lookup")}
     assert hook.instrument(replica="idem", export="file:/dev/null")
     wrapped = {name: StorageManager.__dict__[name] for name in names}
     assert all(wrapped[name] is not originals[name] for name in names)
@@ -358,6 +380,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
     hook.uninstrument()
     assert {name: StorageManager.__dict__[name] for name in names} == originals
     assert ChunkedTokenDatabase.__dict__["process_tokens"] is tokens_original
+    assert {name: LMCacheEngine.__dict__[name] for name in engine_originals} == engine_originals
     assert not hook.is_instrumented()
 
     real_version = lmcache.__version__
@@ -372,3 +395,116 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
         "kvaudit: LMCache 0.4.2 is not supported (supported: 0.5.6); LMCache hooks not installed"
     ]
     assert StorageManager.__dict__["batched_get"] is originals["batched_get"]
+
+
+def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path: Path) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert hook.instrument(replica="single", export=f"file:{tmp_path}/single.jsonl")
+    engine = cpu_engine("single", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    try:
+        tokens = list(range(TOKENS))
+        engine.store(tokens, kvcache=torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16))
+        first = next(key for _, _, key in engine.token_database.process_tokens(tokens))
+        obj = engine.storage_manager.get(first)
+        assert obj is not None
+        obj.ref_count_down()
+        # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
+        with pytest.raises(NotImplementedError):
+            engine.storage_manager.get_non_blocking(first, "LocalCPUBackend")
+    finally:
+        LMCacheEngineBuilder.destroy("single")
+        hook.uninstrument()
+
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, spans = store.query("SELECT op, outcome, pages, backend FROM spans WHERE op = 'fetch' ORDER BY start_ns")
+    assert spans == [("fetch", "hit", 1, "lmcache"), ("fetch", "error", 0, "lmcache.local_cpu")]
+    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch'")
+    assert pages == [(0, 256, True, None)]
+    store.close()
+
+
+def test_the_plugin_alone_switches_the_hooks_on_from_lmcache_config(tmp_path: Path) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert not hook.is_instrumented()
+    config = hook.plugin_config(replica="from-config", export=f"file:{tmp_path}/auto.jsonl", guard=True)
+    engine = cpu_engine("auto", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=config)
+    try:
+        assert hook.is_instrumented()
+        tokens = list(range(TOKENS))
+        kv = torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16)
+        engine.store(tokens, kvcache=kv)
+        assert int(engine.retrieve(tokens, kvcache=torch.zeros_like(kv)).sum()) == STORED
+    finally:
+        LMCacheEngineBuilder.destroy("auto")
+        hook.uninstrument()
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, rows = store.query("SELECT replica, op, count(*) FROM pages GROUP BY ALL ORDER BY op")
+    # Destroying the engine removes its pages (evictions).
+    assert rows == [("from-config", "evict", 3), ("from-config", "fetch", 3), ("from-config", "store", 3)]
+    store.close()
+
+
+def _page(**fields: Any) -> PageDescriptor:
+    """A fetched page as LMCache's remote backends deliver it: everything but the head split."""
+    page = PageDescriptor(
+        key="00ff",
+        hash_algo="builtin",
+        token_start=0,
+        token_end=256,
+        model="tiny",
+        dtype="bfloat16",
+        shape=(2, 2, 256, 32),
+        layout="KV_2LTD",
+        bytes=2 * 2 * 256 * 32 * 2,
+        world_size=1,
+        rank=0,
+        layers=2,
+        used=True,
+        transfer="copy",
+    )
+    return msgspec.structs.replace(page, **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "stored", "expected"),
+    [
+        ({}, None, []),
+        ({"shape": None, "dtype": None}, None, ["KVA001 dtype", "KVA001 shape"]),
+        ({"address": 1234}, None, ["KVA002 address"]),
+        ({"transfer": "raw_ptr"}, None, ["KVA002 address"]),
+        ({"bytes": 1000}, None, ["KVA003 bytes"]),
+        ({"dtype": "float16"}, None, ["KVA005 dtype"]),
+        ({"model": "other"}, None, ["KVA005 model"]),
+        ({"shape": (2, 2, 256, 64), "bytes": 2 * 2 * 256 * 64 * 2}, None, ["KVA005 shape"]),
+        ({}, {"kv_heads": 4, "head_size": 8}, ["KVA005 kv_heads", "KVA005 head_size"]),
+        ({"checksum": "xxh3_64:1"}, {"checksum": "xxh3_64:2"}, ["KVA004 checksum"]),
+        ({"checksum": "xxh3_64:1"}, {"checksum": "xxh3_64:1", "kv_heads": 2, "head_size": 16}, []),
+    ],
+)
+def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, expected: list[str]) -> None:
+    from kvaudit.contract import KVConfig
+    from kvaudit.hooks.lmcache.guard import violations
+
+    consumer = KVConfig(
+        model="tiny",
+        dtype="bfloat16",
+        layout="KV_2LTD",
+        world_size=1,
+        rank=0,
+        hash_algo="builtin",
+        layers=2,
+        kv_heads=2,
+        head_size=16,
+    )
+    producer = PageDescriptor(**stored) if stored is not None else None
+    assert violations(_page(**fields), consumer, (2, 2, 256, 32), producer) == expected

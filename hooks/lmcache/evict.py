@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvaudit.contract import EvictReason, Hook, Op, PageDescriptor, SpanAttr
 from kvaudit.hooks.lmcache.pages import backend_label, key_hex, tier_of
-from kvaudit.hooks.lmcache.runtime import Runtime
+from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -43,6 +43,8 @@ def record(state: Runtime, backend: Any, key: CacheEngineKey, size: int | None, 
         Op.EVICT,
         hook=Hook.LMCACHE_BACKEND,
         backend=backend_label(name),
+        # Set when a request's own retrieve removes what it read (`remove_after_retrieve`).
+        request_id=REQUEST_ID.get(),
         attributes={SpanAttr.EVICT_REASON: reason.value},
     )
     start, end = state.range_of(key) or (None, None)

@@ -17,7 +17,7 @@ from kvaudit.emission import Operation
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
 from kvaudit.hooks.lmcache.guard import violations
 from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, tier_of
-from kvaudit.hooks.lmcache.runtime import Runtime
+from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -32,6 +32,7 @@ def start(state: Runtime, manager: StorageManager, op: Op, keys: Sequence[Any], 
     return state.emitter(manager.config, manager.metadata).operation(
         op,
         hook=Hook.LMCACHE_ENGINE,
+        request_id=REQUEST_ID.get(),
         backend=backend_label(location) if op is Op.FETCH else None,
         tokens_requested=last[1] if last else None,
     )

@@ -8,8 +8,9 @@ result.
 
 Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode acts
 here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
-finish, not guarded), `batched_contains` (lookups), and the token databases'
-`process_tokens`, only to learn each key's token range and hash algorithm. And
+finish, not guarded), `batched_contains` (lookups); and, only to learn what those
+cannot see, the token databases' `process_tokens` (each key's token range, the hash
+algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id). And
 `LocalCPUBackend.remove` / `LocalDiskBackend.remove`, every page leaving those stores
 (evictions; see `evict`).
 """
@@ -21,7 +22,7 @@ import logging
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
-from kvaudit.contract import Op
+from kvaudit.contract import Op, Outcome
 from kvaudit.emission import Emitter
 from kvaudit.hooks.lmcache import evict, fetch, runtime
 
@@ -67,6 +68,7 @@ def instrument(
             ", ".join(SUPPORTED_VERSIONS),
         )
         return False
+    from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
     from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
     from lmcache.v1.storage_backend.storage_manager import StorageManager
@@ -79,6 +81,8 @@ def instrument(
     _wrap(StorageManager, "get_non_blocking", _get_non_blocking)
     _wrap(StorageManager, "layerwise_batched_get", _layerwise_batched_get)
     _wrap(StorageManager, "batched_contains", _batched_contains)
+    for name in ("store", "retrieve", "lookup"):
+        _wrap(LMCacheEngine, name, _with_request_id)
     _wrap(ChunkedTokenDatabase, "process_tokens", _process_tokens)
     _wrap(SegmentTokenDatabase, "process_tokens", _process_tokens)
     _wrap(LocalCPUBackend, "remove", _remove)
@@ -108,6 +112,16 @@ def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: st
         return None
 
 
+def _call(op: Any, original: Callable[..., Any], *args: Any) -> Any:
+    """The original call; an exception of LMCache's ends the operation as an error, then propagates."""
+    try:
+        return original(*args)
+    except BaseException:
+        if op is not None:
+            op.end(Outcome.ERROR)
+        raise
+
+
 def _finish(state: runtime.Runtime, manager: Any, op: Any, keys: Any, objs: Any, location: Any, guard: bool) -> Any:
     if op is None:
         return objs
@@ -124,7 +138,7 @@ def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, keys, location)
         op = _start(state, self, Op.FETCH, keys, location)
-        objs = original(self, keys, location)
+        objs = _call(op, original, self, keys, location)
         return _finish(state, self, op, keys, objs, location, state.options.guard)
 
     return batched_get
@@ -136,7 +150,7 @@ def _get(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, key, location)
         op = _start(state, self, Op.FETCH, [key], location)
-        obj = original(self, key, location)
+        obj = _call(op, original, self, key, location)
         return _finish(state, self, op, [key], [obj], location, state.options.guard)[0]
 
     return get
@@ -148,7 +162,7 @@ def _get_non_blocking(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, key, location)
         op = _start(state, self, Op.FETCH, [key], location)
-        future = original(self, key, location)
+        future = _call(op, original, self, key, location)
         _observe(state, self, op, [key], future, location)
         return future
 
@@ -190,7 +204,7 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, keys, search_range, pin)
         op = _start(state, self, Op.LOOKUP, keys, None)
-        hit, mapping = original(self, keys, search_range, pin)
+        hit, mapping = _call(op, original, self, keys, search_range, pin)
         if op is not None:
             try:
                 last = state.range_of(keys[hit - 1]) if hit else None
@@ -221,6 +235,20 @@ def _remove(original: Callable[..., Any]) -> Callable[..., Any]:
         return removed
 
     return remove
+
+
+def _with_request_id(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request_id = kwargs.get("req_id") or kwargs.get("lookup_id")
+        if request_id is None:
+            return original(self, *args, **kwargs)
+        token = runtime.REQUEST_ID.set(str(request_id))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            runtime.REQUEST_ID.reset(token)
+
+    return call
 
 
 def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,7 +26,6 @@ _TIER_OF_BACKEND: Final = {
     "LocalCPUBackend": "cpu",
     "LocalDiskBackend": "disk",
     "RemoteBackend": "remote",
-    "PDBackend": "remote",
     "P2PBackend": "remote",
 }
 _SHORT_NAME: Final = {

@@ -88,6 +88,7 @@ class KvauditStorePlugin(StoragePluginInterface):
         op = emitter.operation(
             Op.STORE,
             hook=Hook.LMCACHE_BACKEND,
+            request_id=runtime.REQUEST_ID.get(),
             backend=self._targets,
             tokens_requested=last[1] if last else None,
         )

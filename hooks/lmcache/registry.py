@@ -11,18 +11,15 @@ descriptor or none.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import msgspec
 
 from kvaudit.contract import PageDescriptor
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
-
-_decoder = msgspec.json.Decoder(PageDescriptor)
 
 
 class StoreRegistry:
@@ -38,11 +35,12 @@ class StoreRegistry:
     def put(self, key: CacheEngineKey, page: PageDescriptor) -> None:
         path = self._path(key)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(msgspec.json.encode(page))
+        tmp.write_text(json.dumps(page.to_attributes()))
         os.replace(tmp, path)
 
     def get(self, key: CacheEngineKey) -> PageDescriptor | None:
         try:
-            return _decoder.decode(self._path(key).read_bytes())
-        except (FileNotFoundError, msgspec.DecodeError):
+            return PageDescriptor.from_attributes(json.loads(self._path(key).read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            # Absent, or not a descriptor: the guard then has no store to compare with.
             return None

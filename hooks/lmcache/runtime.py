@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,6 +30,10 @@ CFG_EXPORT: Final = "kvaudit.export"
 CFG_GUARD: Final = "kvaudit.guard"
 CFG_CHECKSUM_RATE: Final = "kvaudit.checksum_rate"
 CFG_REGISTRY: Final = "kvaudit.registry"
+
+# The request an engine call serves, set around LMCacheEngine's store/retrieve/lookup
+# so the storage-level hooks below them can name it.
+REQUEST_ID: ContextVar[str | None] = ContextVar("kvaudit_lmcache_request_id", default=None)
 
 # Token ranges of recently hashed keys. A chained prefix hash fixes its position in
 # the prompt, so one entry per key is enough; the bound only caps memory.
