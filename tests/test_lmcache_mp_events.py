@@ -45,7 +45,8 @@ def test_l1_and_l2_evictions_become_evict_spans(bus: Any, tmp_path: Path):
     from kvaudit.hooks.lmcache.mp_events import subscribe
 
     subscribe("pool", f"file:{tmp_path}/pool.jsonl", bus=bus)
-    manager = L1Manager(L1ManagerConfig(memory_config=L1MemoryManagerConfig(size_in_bytes=1 << 20, use_lazy=False, shm_name="")))
+    memory = L1MemoryManagerConfig(size_in_bytes=1 << 20, use_lazy=False, shm_name="")  # no POSIX shm segment
+    manager = L1Manager(L1ManagerConfig(memory_config=memory))
     keys = [ObjectKey(chunk_hash=bytes([i]) * 32, model_name="tiny", kv_rank=0) for i in range(3)]
     layout = MemoryLayoutDesc(shapes=[torch.Size([2, 2, 256, 32])], dtypes=[torch.bfloat16])
     try:
