@@ -16,11 +16,17 @@ import sys
 import time
 from typing import Any
 
-import torch
-from lmcache.v1.cache_engine import LMCacheEngineBuilder
+# These replicas are LMCache engines on their own. Where vLLM is installed too, LMCache
+# imports its hash functions (about 10 s of CPU per process) and seeds its prefix
+# hashes from them: keep vLLM out, so that every replica starts fast and hashes alike
+# whichever engines the environment holds.
+sys.modules.setdefault("vllm", None)
 
-from kvaudit.hooks import lmcache as hook
-from kvaudit.hooks.lmcache.testing import cpu_engine
+import torch  # noqa: E402
+from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
+
+from kvaudit.hooks import lmcache as hook  # noqa: E402
+from kvaudit.hooks.lmcache.testing import cpu_engine  # noqa: E402
 
 CHUNK = 256  # LMCache stores full chunks only
 

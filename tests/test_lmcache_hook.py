@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -415,6 +416,14 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
         # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
         with pytest.raises(NotImplementedError):
             engine.storage_manager.get_non_blocking(first, "LocalCPUBackend")
+        # The layerwise path: one future per layer, described when it finishes.
+        keys = [key for _, _, key in engine.token_database.process_tokens(tokens)][:2]
+        [future] = list(engine.storage_manager.layerwise_batched_get([keys]))
+        described = threading.Event()
+        future.add_done_callback(lambda _: described.set())  # runs after the hook's own callback
+        for obj in future.result(timeout=10):
+            obj.ref_count_down()
+        assert described.wait(10)
     finally:
         LMCacheEngineBuilder.destroy("single")
         hook.uninstrument()
@@ -422,9 +431,13 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
     store = TraceStore([tmp_path])
     store.refresh()
     _, spans = store.query("SELECT op, outcome, pages, backend FROM spans WHERE op = 'fetch' ORDER BY start_ns")
-    assert spans == [("fetch", "hit", 1, "lmcache"), ("fetch", "error", 0, "lmcache.local_cpu")]
-    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch'")
-    assert pages == [(0, 256, True, None)]
+    assert spans == [
+        ("fetch", "hit", 1, "lmcache"),
+        ("fetch", "error", 0, "lmcache.local_cpu"),
+        ("fetch", "hit", 2, "lmcache.local_cpu"),
+    ]
+    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch' ORDER BY time_ns")
+    assert pages == [(0, 256, True, None), (0, 256, True, "cpu"), (256, 512, True, "cpu")]
     store.close()
 
 
@@ -508,3 +521,31 @@ def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, exp
     )
     producer = PageDescriptor(**stored) if stored is not None else None
     assert violations(_page(**fields), consumer, (2, 2, 256, 32), producer) == expected
+
+
+def test_a_failing_hook_leaves_lmcache_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache import fetch, plugin, runtime
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("describing failed")
+
+    monkeypatch.setattr(fetch, "fetch_page", broken)
+    monkeypatch.setattr(plugin, "store_page", broken)
+    before = runtime.failures()
+    assert hook.instrument(replica="broken", export=f"file:{tmp_path}/broken.jsonl", guard=True)
+    engine = cpu_engine("broken", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    try:
+        tokens = list(range(TOKENS))
+        kv = torch.randn(2, 2, TOKENS, 2, 16).to(torch.bfloat16)
+        engine.store(tokens, kvcache=kv)
+        out = torch.zeros_like(kv)
+        assert int(engine.retrieve(tokens, kvcache=out).sum()) == STORED
+        assert torch.equal(out[:, :, :STORED], kv[:, :, :STORED])
+    finally:
+        LMCacheEngineBuilder.destroy("broken")
+        hook.uninstrument()
+    assert runtime.failures() == before + 2  # one store, one fetch

@@ -107,8 +107,8 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
 def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None) -> Any:
     try:
         return fetch.start(state, manager, op, keys, location)
-    except Exception as exc:
-        logger.debug("kvaudit: %s not recorded: %r", op, exc)
+    except Exception as exc:  # the hook's own failure must not become LMCache's
+        runtime.failed(op.value, exc)
         return None
 
 
@@ -127,8 +127,8 @@ def _finish(state: runtime.Runtime, manager: Any, op: Any, keys: Any, objs: Any,
         return objs
     try:
         return fetch.finish(state, manager, op, keys, objs, location, guard=guard)
-    except Exception as exc:
-        logger.debug("kvaudit: fetch not recorded: %r", exc)
+    except Exception as exc:  # the hook's own failure must not become LMCache's
+        runtime.failed("fetch", exc)
         return objs
 
 
@@ -209,8 +209,8 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 last = state.range_of(keys[hit - 1]) if hit else None
                 op.end(fetch.lookup_outcome(hit, len(keys)), tokens_hit=last[1] if last else 0)
-            except Exception as exc:
-                logger.debug("kvaudit: lookup not recorded: %r", exc)
+            except Exception as exc:  # the hook's own failure must not become LMCache's
+                runtime.failed("lookup", exc)
         return hit, mapping
 
     return batched_contains

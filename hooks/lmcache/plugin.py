@@ -12,7 +12,6 @@ Configure it with `storage_plugins=[PLUGIN_NAME]` and `plugin_config()` merged i
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,8 +25,6 @@ from kvaudit.hooks.lmcache.pages import backend_label, store_page
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.memory_management import MemoryObj
-
-logger = logging.getLogger(__name__)
 
 PLUGIN_NAME: Final = "kvaudit"
 
@@ -74,8 +71,8 @@ class KvauditStorePlugin(StoragePluginInterface):
     ) -> None:
         try:
             self._record(keys, objs)
-        except Exception as exc:
-            logger.debug("kvaudit: store not recorded: %r", exc)
+        except Exception as exc:  # the hook's own failure must not become LMCache's
+            runtime.failed("store", exc)
         return None
 
     def _record(self, keys: Sequence[CacheEngineKey], objs: list[MemoryObj]) -> None:

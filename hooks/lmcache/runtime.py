@@ -141,6 +141,22 @@ def expected_format(config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> s
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
+_failures = 0
+
+
+def failed(what: str, exc: BaseException) -> None:
+    """A hook failed and LMCache carries on unobserved: say so once, then count."""
+    global _failures
+    _failures += 1
+    if _failures == 1:
+        logger.warning("kvaudit: LMCache %s not recorded (%r); further failures are logged at debug level", what, exc)
+    else:
+        logger.debug("kvaudit: LMCache %s not recorded (%r)", what, exc)
+
+
+def failures() -> int:
+    """How many operations the hooks failed to record in this process."""
+    return _failures
 
 
 def current() -> Runtime | None:
