@@ -223,15 +223,15 @@ def _remove(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, key, force)
         try:
             size = evict.held_bytes(self, key)
-        except Exception as exc:
-            logger.debug("kvaudit: eviction size unknown: %r", exc)
+        except Exception as exc:  # the hook's own failure must not become LMCache's
+            runtime.failed("eviction size", exc)
             size = None
         removed = original(self, key, force)
         if removed:
             try:
                 evict.record(state, self, key, size, force)
-            except Exception as exc:
-                logger.debug("kvaudit: eviction not recorded: %r", exc)
+            except Exception as exc:  # the hook's own failure must not become LMCache's
+                runtime.failed("eviction", exc)
         return removed
 
     return remove
