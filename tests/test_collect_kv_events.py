@@ -53,7 +53,7 @@ def test_collect_writes_kv_events_and_their_loss(tmp_path: Path):
         pub.send_multipart((b"", encode_seq(2), payload(stored(HASHES[2:3], HASHES[1]))))
         time.sleep(0.5)
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)  # as a supervisor stops it: spans still written
         stdout, stderr = process.communicate(timeout=30)
         pub.close()
         context.term()

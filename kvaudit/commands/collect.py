@@ -7,6 +7,7 @@ events into the same per-replica files (see `kvaudit.kv_events`).
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 
 import zmq
@@ -81,6 +82,10 @@ def kv_event_sources(endpoints: str, replicas: str | None, replays: str | None, 
     return [Source(e, r, p, topic) for e, r, p in zip(endpoint_list, replica_list, replay_list)]
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -104,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
             emitters[replica] = Emitter(resource, SpanBatcher(SinkExporter(sink)))
         return emitters[replica]
 
+    # A supervisor stops it with SIGTERM: end as on Ctrl-C, writing out what is still queued.
+    signal.signal(signal.SIGTERM, _interrupt)
     subscriber = None
     try:
         if sources:
