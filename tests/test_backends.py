@@ -14,6 +14,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvaudit.backends import Backend, BackendError, open_backend
@@ -36,7 +37,9 @@ NOT_IN_CLICKHOUSE = {"file", "line", "dropped_attributes", "dropped_events", "at
 
 
 def write_fleet(directory: Path) -> None:
-    """Two replicas sharing a pool, with the cases the views and queries must agree on."""
+    """Two replicas sharing a pool, with the cases the views, queries and audit rules must agree
+    on: complete and incomplete pages, rejected ones, process-local addresses, a wrong size,
+    another layout than the consumer's, keys nobody stored."""
     producer = setup_emitter("r1", f"file:{directory}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
     consumer = setup_emitter("r2", f"file:{directory}/r2.jsonl", engine="lmcache", kv=KV, export_delay_s=0.01)
     for n in range(4):
@@ -50,6 +53,13 @@ def write_fleet(directory: Path) -> None:
         ) as op:
             op.add_page(full_page(f"{n:060x}{0:04x}", 0, used=n != 1))
             op.add_page(PageDescriptor(key=f"{n:060x}{1:04x}", token_start=32, transfer="raw_ptr", used=True))
+            # The third page as stored, but wrong in size (n = 2) or laid out otherwise (n = 3).
+            third = full_page(f"{n:060x}{2:04x}", 2, used=True)
+            if n == 2:
+                third = msgspec.structs.replace(third, bytes=1000)
+            if n == 3:
+                third = msgspec.structs.replace(third, layout="NB_2_BS_NH_HS", address=None)
+            op.add_page(third)
             op.end(Outcome.PARTIAL, tokens_hit=64)
         with consumer.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR, request_id=f"b{n}", tokens_requested=128) as op:
             op.end(Outcome.MISS if n == 4 else Outcome.HIT, tokens_hit=0 if n == 4 else 96)
