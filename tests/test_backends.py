@@ -145,6 +145,9 @@ REPRESENTATIVE = {
     "list_product_and_absent_arrays": """
         SELECT key, list_product(shape) AS elements, shape IS NULL AS no_shape FROM pages""",
     "product_aggregate": "SELECT key, product(token_end) AS p FROM pages GROUP BY key",
+    "cte_materialisation": """
+        WITH a AS NOT MATERIALIZED (SELECT key, bytes FROM pages), b AS MATERIALIZED (SELECT key FROM pages)
+        SELECT a.key, a.bytes FROM a JOIN b ON a.key = b.key""",
     "portable_hash": "SELECT key, md5_number_upper(key) % 1000 AS bucket, md5_number_lower(key) AS low FROM pages",
     "percentiles_and_aliases": """
         SELECT op, sum(tokens_hit) AS tokens_hit, sum(tokens_hit) / nullif(count(*), 0) AS mean_hit,
