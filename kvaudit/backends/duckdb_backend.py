@@ -30,7 +30,9 @@ class DuckDBBackend(Backend):
 
     def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
         with self._variables(params):
-            return self.store.arrow(sql)
+            # A relation hands its rows to Arrow without the copy a cursor's result makes.
+            relation = self.store.sql(sql)
+            return relation.to_arrow_table() if relation is not None else pa.table({})
 
     def temp_table(self, name: str, table: pa.Table) -> None:
         con = self.store.con
