@@ -19,6 +19,7 @@ from kvaudit import __version__
 # Command modules, in the order `kvaudit --help` lists them.
 COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
+    "kvaudit.commands.audit",
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",

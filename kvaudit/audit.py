@@ -1,0 +1,109 @@
+"""The auditor: rules KVA001-KVA007 of DESIGN.md section 4 over the kvaudit views.
+
+Every rule is SQL in `queries/audit/` (one file per rule, `kva00N_<name>.sql`) over
+the table `audit_fetches` that `queries/audit/lineage.sql` builds: fetched pages
+beside their producer's stored descriptor and their consumer's configuration. This
+module only prepares that table, runs the rule files and turns their rows into
+`Finding`s; what a rule checks is in its SQL.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any, Final
+
+import pyarrow as pa
+
+from kvaudit.analysis import set_variables
+from kvaudit.contract import DTYPE_BYTES
+from kvaudit.named_queries import load
+from kvaudit.store import TraceStore
+
+SEVERITY_ORDER: Final = {"critical": 0, "warning": 1, "info": 2}
+LINEAGE_QUERY: Final = "audit/lineage"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule firing on one page (or span, process, unreadable line).
+
+    `fields` maps each field involved to its values (`{"fetched": ..., "stored": ...,
+    "consumer": ...}`, as the rule has them), or is the list of missing fields (KVA001).
+    """
+
+    code: str
+    rule: str
+    severity: str  # "critical" | "warning" | "info"
+    replica: str | None
+    key: str | None
+    trace_id: str | None
+    span_id: str | None
+    fields: dict[str, Any] | list[str]
+    message: str
+    producer: str | None = None
+    file: str | None = None
+    line: int | None = None
+
+
+def rule_queries() -> list[str]:
+    """Names of the rule queries (`audit/kva001_incomplete_metadata`, ...), in code order."""
+    folder = files("kvaudit.queries").joinpath("audit")
+    names = (entry.name for entry in folder.iterdir())
+    return [f"audit/{name.removesuffix('.sql')}" for name in sorted(names) if name.startswith("kva")]
+
+
+def run_audit(store: TraceStore, *, skew_s: float = 1.0) -> list[Finding]:
+    """Every finding of every rule, critical first.
+
+    Args:
+        store: the traces.
+        skew_s: clock skew allowed when deciding that a store preceded a fetch.
+    """
+    _prepare(store, skew_s)
+    try:
+        findings = [finding for name in rule_queries() for finding in _run_rule(store, name)]
+    finally:
+        store.con.execute("DROP TABLE IF EXISTS audit_fetches")
+    return sorted(findings, key=_sort_key)
+
+
+def _prepare(store: TraceStore, skew_s: float) -> None:
+    # KVA003 needs element sizes; the contract owns them, so the SQL gets them as a table.
+    sizes = pa.table(
+        {
+            "dtype": [*DTYPE_BYTES, *(f"torch.{name}" for name in DTYPE_BYTES)],
+            "bytes": [*DTYPE_BYTES.values(), *DTYPE_BYTES.values()],
+        }
+    )
+    store.con.register("_dtype_sizes", sizes)
+    store.con.execute("CREATE OR REPLACE TEMP TABLE dtype_sizes AS SELECT * FROM _dtype_sizes")
+    store.con.unregister("_dtype_sizes")
+    set_variables(store, {"kvaudit_skew_s": skew_s})
+    store.con.execute(load(LINEAGE_QUERY))
+
+
+def _run_rule(store: TraceStore, name: str) -> list[Finding]:
+    columns, rows = store.query(load(name))
+    findings = []
+    for row in rows:
+        record = dict(zip(columns, row))
+        fields = json.loads(record.pop("fields"))
+        if isinstance(fields, dict):
+            # Rules list every field they compare; those that agree come back null.
+            fields = {name: value for name, value in fields.items() if value is not None}
+        findings.append(Finding(fields=fields, **record))
+    return findings
+
+
+def _sort_key(finding: Finding) -> tuple[Any, ...]:
+    return (
+        SEVERITY_ORDER.get(finding.severity, len(SEVERITY_ORDER)),
+        finding.code,
+        finding.replica or "",
+        finding.key or "",
+        finding.file or "",
+        finding.line or 0,
+    )
+
