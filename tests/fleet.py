@@ -68,6 +68,7 @@ class Fleet:
         hook: Hook = Hook.VLLM_CONNECTOR,
         op: Op = Op.FETCH,
         backend: str | None = None,
+        duration_s: float = 0.0,
     ) -> None:
         hit = sum((p.token_end or 0) - (p.token_start or 0) for p in pages if p.used is not False)
         with emitter.operation(
@@ -75,6 +76,7 @@ class Fleet:
         ) as operation:
             for p in pages:
                 operation.add_page(p)
+            self.now_ns += int(duration_s * 1e9)
             operation.end(outcome, tokens_hit=hit)
 
     def open(self) -> TraceStore:
