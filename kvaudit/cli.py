@@ -20,6 +20,7 @@ from kvaudit import __version__
 COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
     "kvaudit.commands.audit",
+    "kvaudit.commands.report",
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",

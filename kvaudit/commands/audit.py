@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
-from itertools import groupby
-from typing import Final, TextIO
-
-from rich.console import Console
-from rich.table import Table
 
 from kvaudit.audit import Finding, run_audit
 from kvaudit.cli import UsageError, command_parser
 from kvaudit.durations import parse_duration
+from kvaudit.findings_output import write_json, write_table
 from kvaudit.store import TraceStore, open_store
-
-# Rows shown per rule and severity in the table; the JSON output has them all.
-TABLE_ROWS_PER_GROUP: Final = 50
-_STYLE: Final = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     store = open_store(args.paths)
     try:
-        findings = audit_usable(store, args.skew)
+        require_spans(store)
+        findings = run_audit(store, skew_s=args.skew)
     finally:
         store.close()
     if args.format == "json":
@@ -53,60 +44,12 @@ def run(args: argparse.Namespace) -> int:
     return exit_status(findings)
 
 
-def audit_usable(store: TraceStore, skew_s: float) -> list[Finding]:
-    """The findings, or UsageError when the input holds no spans to audit at all."""
+def require_spans(store: TraceStore) -> None:
+    """Raise UsageError when the input holds no spans at all: nothing to audit is unusable input."""
     _, [(spans, errors)] = store.query("SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)")
     if not spans:
         raise UsageError(f"no spans to audit ({errors} unreadable lines)")
-    return run_audit(store, skew_s=skew_s)
 
 
 def exit_status(findings: list[Finding]) -> int:
     return 1 if any(f.severity in ("critical", "warning") for f in findings) else 0
-
-
-def write_json(findings: list[Finding], stream: TextIO) -> None:
-    for finding in findings:
-        stream.write(json.dumps(dataclasses.asdict(finding), default=str) + "\n")
-
-
-def write_table(findings: list[Finding], stream: TextIO) -> None:
-    console = Console(file=stream, soft_wrap=False)
-    if not findings:
-        console.print("[green]No findings.[/green]")
-        return
-    for (severity, code, rule), group in groupby(findings, key=lambda f: (f.severity, f.code, f.rule)):
-        rows = list(group)
-        table = Table(
-            title=f"[{_STYLE.get(severity, '')}]{severity}[/] {code} {rule} ({len(rows)})",
-            header_style="bold",
-            show_edge=False,
-            title_justify="left",
-        )
-        for name in ("replica", "producer", "key", "where", "fields", "message"):
-            table.add_column(name, overflow="fold")
-        for finding in rows[:TABLE_ROWS_PER_GROUP]:
-            table.add_row(
-                finding.replica or "",
-                finding.producer or "",
-                _short(finding.key),
-                _where(finding),
-                json.dumps(finding.fields, default=str),
-                finding.message,
-            )
-        console.print(table)
-        if len(rows) > TABLE_ROWS_PER_GROUP:
-            console.print(f"  ... and {len(rows) - TABLE_ROWS_PER_GROUP} more (--format json lists them all)")
-        console.print()
-    counts = {severity: sum(f.severity == severity for f in findings) for severity in _STYLE}
-    console.print(", ".join(f"[{_STYLE[s]}]{n} {s}[/]" for s, n in counts.items()))
-
-
-def _short(key: str | None) -> str:
-    return "" if key is None else key if len(key) <= 16 else f"{key[:12]}…"
-
-
-def _where(finding: Finding) -> str:
-    if finding.line is not None and finding.span_id is None:
-        return f"{finding.file}:{finding.line}"
-    return f"{finding.trace_id or ''}/{finding.span_id or ''}"
