@@ -25,10 +25,8 @@ ORDER = {
 
 def _view(con: Any, name: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Columns and rows of a view, resource_id replaced by the process it names (ids differ by design)."""
-    process = {
-        rid: (replica, engine, pid)
-        for rid, replica, engine, pid in con.execute("SELECT resource_id, replica, engine, pid FROM replicas").fetchall()
-    }
+    processes = con.execute("SELECT resource_id, replica, engine, pid FROM replicas").fetchall()
+    process = {rid: (replica, engine, pid) for rid, replica, engine, pid in processes}
     cursor = con.execute(f"SELECT * FROM {name} ORDER BY {ORDER[name]}")
     columns = [d[0] for d in cursor.description]
     rows = cursor.fetchall()
