@@ -98,42 +98,34 @@ def _matrix_figure(report: Report) -> go.Figure | None:
 
 
 def _hit_rate_figure(table: Table) -> go.Figure | None:
-    records = table.records()
-    if not records:
-        return None
-    figure = go.Figure()
-    for series in sorted({(r["replica"], r["hook"], r["op"]) for r in records}):
-        points = [r for r in records if (r["replica"], r["hook"], r["op"]) == series]
-        figure.add_trace(
-            go.Scatter(
-                x=[p["bucket_start"] for p in points],
-                y=[p["hit_rate"] for p in points],
-                mode="lines+markers",
-                name=" ".join(series),
-            )
-        )
-    figure.update_layout(yaxis_title="tokens hit / tokens requested")
-    figure.update_yaxes(range=[0, 1.05])
+    figure = _series_figure(table, ("replica", "hook", "op"), "bucket_start", "hit_rate")
+    if figure is not None:
+        figure.update_layout(yaxis_title="tokens hit / tokens requested")
+        figure.update_yaxes(range=[0, 1.05])
     return figure
 
 
 def _latency_figure(table: Table) -> go.Figure | None:
+    figure = _series_figure(table, ("replica", "op"), "bucket_ms", "operations")
+    if figure is not None:
+        figure.update_layout(xaxis_title="duration (ms, power-of-two buckets)", yaxis_title="operations")
+        figure.update_xaxes(type="log")
+    return figure
+
+
+def _series_figure(table: Table, series_by: tuple[str, ...], x: str, y: str) -> go.Figure | None:
+    """One line per distinct value of the `series_by` columns."""
     records = table.records()
     if not records:
         return None
     figure = go.Figure()
-    for series in sorted({(r["replica"], r["op"]) for r in records}):
-        points = [r for r in records if (r["replica"], r["op"]) == series]
+    for series in sorted({tuple(r[c] for c in series_by) for r in records}):
+        points = [r for r in records if tuple(r[c] for c in series_by) == series]
         figure.add_trace(
             go.Scatter(
-                x=[p["bucket_ms"] for p in points],
-                y=[p["operations"] for p in points],
-                mode="lines+markers",
-                name=" ".join(series),
+                x=[p[x] for p in points], y=[p[y] for p in points], mode="lines+markers", name=" ".join(series)
             )
         )
-    figure.update_layout(xaxis_title="duration (ms, power-of-two buckets)", yaxis_title="operations")
-    figure.update_xaxes(type="log")
     return figure
 
 

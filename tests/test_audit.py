@@ -227,3 +227,13 @@ def test_cli_exit_status_and_json(fleet: Fleet, trace_dir: Path, tmp_path: Path,
     assert main(["audit", str(tmp_path / "nothing")]) == 2
     with pytest.raises(SystemExit):
         main(["audit", str(trace_dir), "--skew", "soon"])
+
+
+def test_audit_of_an_ingested_database(fleet: Fleet, trace_dir: Path, tmp_path: Path):
+    r1, r2 = fleet.replica("r1"), fleet.replica("r2")
+    fleet.at(0).store(r1, [page("a")])
+    fleet.at(1).fetch(r2, [page("a", used=True, rank=1)])
+    fleet.open().close()
+    database = tmp_path / "traces.duckdb"
+    assert main(["ingest", "-q", str(trace_dir), "-o", str(database)]) == 0
+    assert main(["audit", str(database)]) == 1
