@@ -1,9 +1,10 @@
 """The auditor: rules KVA001-KVA007 of DESIGN.md section 4 over the kvaudit views.
 
 Every rule is SQL in `queries/audit/` (one file per rule, `kva00N_<name>.sql`) over
-the table `audit_fetches` that `queries/audit/lineage.sql` builds: fetched pages
-beside their producer's stored descriptor and their consumer's configuration. This
-module only prepares that table, runs the rule files and turns their rows into
+`audit_fetches`, which `queries/audit/lineage.sql` defines: fetched pages beside their
+producer's stored descriptor and their consumer's configuration. This module composes
+them into one statement, the lineage as a materialised CTE that every rule reads (so
+the joins run once, and nothing is written to a table), and turns the rows into
 `Finding`s; what a rule checks is in its SQL.
 """
 
@@ -62,11 +63,18 @@ def run_audit(store: TraceStore, *, skew_s: float = 1.0) -> list[Finding]:
         skew_s: clock skew allowed when deciding that a store preceded a fetch.
     """
     _prepare(store, skew_s)
-    try:
-        findings = [finding for name in rule_queries() for finding in _run_rule(store, name)]
-    finally:
-        store.con.execute("DROP TABLE IF EXISTS audit_fetches")
-    return sorted(findings, key=_sort_key)
+    columns, rows = store.query(audit_query())
+    return sorted((_finding(dict(zip(columns, row))) for row in rows), key=_sort_key)
+
+
+def audit_query() -> str:
+    """One statement: the lineage, materialised once, then every rule's rows."""
+    rules = " UNION ALL ".join(f"SELECT * FROM ({_statement(name)})" for name in rule_queries())
+    return f"WITH audit_fetches AS MATERIALIZED ({_statement(LINEAGE_QUERY)}) {rules}"
+
+
+def _statement(name: str) -> str:
+    return load(name).strip().rstrip(";")
 
 
 def _prepare(store: TraceStore, skew_s: float) -> None:
@@ -81,20 +89,14 @@ def _prepare(store: TraceStore, skew_s: float) -> None:
     store.con.execute("CREATE OR REPLACE TEMP TABLE dtype_sizes AS SELECT * FROM _dtype_sizes")
     store.con.unregister("_dtype_sizes")
     set_variables(store, {"kvaudit_skew_s": skew_s})
-    store.con.execute(load(LINEAGE_QUERY))
 
 
-def _run_rule(store: TraceStore, name: str) -> list[Finding]:
-    columns, rows = store.query(load(name))
-    findings = []
-    for row in rows:
-        record = dict(zip(columns, row))
-        fields = json.loads(record.pop("fields"))
-        if isinstance(fields, dict):
-            # Rules list every field they compare; those that agree come back null.
-            fields = {name: value for name, value in fields.items() if value is not None}
-        findings.append(Finding(fields=fields, **record))
-    return findings
+def _finding(record: dict[str, Any]) -> Finding:
+    fields = json.loads(record.pop("fields"))
+    if isinstance(fields, dict):
+        # Rules list every field they compare; those that agree come back null.
+        fields = {name: value for name, value in fields.items() if value is not None}
+    return Finding(fields=fields, **record)
 
 
 def _sort_key(finding: Finding) -> tuple[Any, ...]:

@@ -6,7 +6,7 @@
 --   field means the object could not prove it fits the consumer (LMCache does not keep
 --   the KV layout with a chunk), so a mismatch there would go unseen. Rules KVA004 and
 --   KVA005 compare only fields present on both sides: absence is this rule's alone.
--- Reads: audit_fetches (queries/audit/lineage.sql).
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
 -- Columns: the columns of kvaudit.audit.Finding; fields is a JSON array of the missing names.
 WITH checked AS (
     SELECT *,

@@ -8,7 +8,7 @@
 --   at severity info (the store may lie outside the trace window).
 -- Why it matters: an address means nothing outside the process that took it; reading
 --   through it in another process reads whatever lives there now.
--- Reads: audit_fetches (queries/audit/lineage.sql).
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
 -- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
 --   {"fetched": ..., "stored": ..., "consumer": ...}.
 SELECT 'KVA002' AS code,

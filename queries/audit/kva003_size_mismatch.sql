@@ -4,7 +4,7 @@
 --   element size of `dtype` (pages lacking one of the three are KVA001's).
 -- Why it matters: a payload whose size does not match its own declared geometry is
 --   truncated, padded or described wrongly: reading it as that shape reads garbage.
--- Reads: audit_fetches (queries/audit/lineage.sql) and dtype_sizes (dtype, bytes),
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules) and dtype_sizes (dtype, bytes),
 --   which `kvaudit audit` creates from kvaudit.contract.DTYPE_BYTES; a dtype missing
 --   from it cannot be checked.
 -- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->

@@ -7,7 +7,7 @@
 -- Why it matters: the key says "same content", the descriptors say otherwise: the pool
 --   served something other than what was put there (a failed store left visible,
 --   LMCache #4991; a payload rewritten under the key; a hook describing it wrongly).
--- Reads: audit_fetches (queries/audit/lineage.sql).
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
 -- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
 --   {"fetched": ..., "stored": ...}, null for the fields that agree.
 WITH compared AS (

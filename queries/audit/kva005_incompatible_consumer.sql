@@ -10,7 +10,7 @@
 --   bytes count matches, the key matches, and the consumer reads a page laid out for
 --   another engine (LMCache #4463, #4247). Comparing the producer's descriptor too
 --   catches it when the fetched object did not carry its layout.
--- Reads: audit_fetches (queries/audit/lineage.sql).
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
 -- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
 --   {"fetched": ..., "stored": ..., "consumer": ...}, null for the fields that fit.
 WITH compared AS (

@@ -5,7 +5,7 @@
 --   that is not traced (severity info: it may be an artefact of the window), or the
 --   pool served a key nobody put there. Either way the fetched page's producer, and so
 --   rules KVA002, KVA004 and the stored side of KVA005, could not be checked.
--- Reads: audit_fetches (queries/audit/lineage.sql).
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
 -- Columns: the columns of kvaudit.audit.Finding; fields is an empty JSON object.
 SELECT 'KVA006' AS code,
        'orphan-fetch' AS rule,
