@@ -12,7 +12,7 @@ from plotly.offline import get_plotlyjs
 
 from kvaudit.report import Report, Table, capacity_points
 
-FINDINGS_SHOWN: Final = 200
+FINDINGS_SHOWN: Final = 100
 _SEVERITY_COLOR: Final = {"critical": "#c0392b", "warning": "#d68910", "info": "#2471a3"}
 
 
@@ -58,10 +58,11 @@ def _findings(report: Report) -> str:
     return (
         "<section><h2>Findings</h2>"
         f"<table><tr><th>severity</th><th>code</th><th>rule</th><th>findings</th></tr>{summary}</table>"
-        "<h3>First findings</h3><table><tr><th>severity</th><th>code</th><th>replica</th><th>producer</th>"
+        f"<details><summary>The first {min(len(report.findings), FINDINGS_SHOWN)} findings</summary>"
+        "<table><tr><th>severity</th><th>code</th><th>replica</th><th>producer</th>"
         f"<th>key</th><th>message</th></tr>{rows}</table>"
         + (f"<p>... and {more} more (kvaudit audit --format json lists them all)</p>" if more > 0 else "")
-        + "</section>"
+        + "</details></section>"
     )
 
 
@@ -174,4 +175,5 @@ table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.8em; text-align: left; }
 th { background: #f4f6f8; }
 .ok { color: #1e8449; }
+summary { cursor: pointer; margin: 1em 0; font-weight: 600; }
 """
