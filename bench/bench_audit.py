@@ -104,12 +104,15 @@ def main() -> None:
         started = time.perf_counter()
         generate_json(traces, json_pages)
         print(f"wrote {json_pages:,} page descriptors as OTLP JSON in {time.perf_counter() - started:.1f} s")
-        row("read in place + audit + queries", json_pages, *_measure_in_child("files", str(traces)), "")
+        row("read in place + audit + queries", json_pages, *_measure_in_child("files", str(traces)), "(none)")
         capacity(database)
 
 
-def row(what: str, pages: int, seconds: float, peak_gib: float, goal: str) -> None:
-    print(f"{what:<36} {pages:>12,} pages {seconds:>8.1f} s {peak_gib:>6.2f} GiB peak   goal {goal}")
+def row(what: str, pages: int, seconds: float, cpu_seconds: float, peak_gib: float, goal: str) -> None:
+    print(
+        f"{what:<36} {pages:>12,} pages {seconds:>8.1f} s ({cpu_seconds:>6.1f} CPU s)"
+        f" {peak_gib:>6.2f} GiB peak   goal {goal}"
+    )
 
 
 def generate_database(path: Path, pages: int) -> None:
@@ -182,13 +185,13 @@ def _page(key: int, used: bool | None) -> PageDescriptor:
     return demo_page(f"{key:064x}", key % PAGES_PER_REQUEST, used)
 
 
-def _measure_in_child(kind: str, path: str) -> tuple[float, float]:
-    """Seconds and peak memory (GiB) of open + audit + queries, in a fresh process."""
+def _measure_in_child(kind: str, path: str) -> tuple[float, float, float]:
+    """Seconds, CPU seconds and peak memory (GiB) of open + audit + queries, in a fresh process."""
     result = subprocess.run(
         [sys.executable, "-m", "bench.audit_run", kind, path], check=True, capture_output=True, text=True
     )
-    seconds, peak_kib = result.stdout.split()
-    return float(seconds), int(peak_kib) / 2**20
+    seconds, cpu_seconds, peak_kib = result.stdout.split()
+    return float(seconds), float(cpu_seconds), int(peak_kib) / 2**20
 
 
 def capacity(database: Path) -> None:

@@ -20,14 +20,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Exit status: 0 nothing at warning or above, 1 warnings or critical findings, 2 unusable input.",
         "kvaudit audit traces/ --format json > findings.jsonl",
     )
+    add_input_arguments(parser)
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(run=run)
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The trace paths and the clock skew: what every command built on the auditor reads."""
     parser.add_argument(
         "paths", nargs="+", metavar="PATH", help="trace files, directories, globs, or one .duckdb from `kvaudit ingest`"
     )
-    parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
         "--skew", type=parse_duration, default=1.0, help="clock skew allowed between replicas (default 1s)"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

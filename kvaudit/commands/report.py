@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from kvaudit.cli import command_parser
-from kvaudit.commands.audit import exit_status, require_spans
+from kvaudit.commands.audit import add_input_arguments, exit_status, require_spans
 from kvaudit.durations import parse_duration
 from kvaudit.report import gather, print_report
 from kvaudit.report_html import write_html
@@ -21,11 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Exit status as for `kvaudit audit`.",
         "kvaudit report traces/ --html report.html",
     )
-    parser.add_argument(
-        "paths", nargs="+", metavar="PATH", help="trace files, directories, globs, or one .duckdb from `kvaudit ingest`"
-    )
+    add_input_arguments(parser)
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
-    parser.add_argument("--skew", type=parse_duration, default=1.0, help="clock skew allowed (default 1s)")
     parser.add_argument("--bucket", type=parse_duration, default=60.0, help="hit-rate time bucket (default 60s)")
     parser.add_argument(
         "--sample-rate",
