@@ -3,9 +3,13 @@
 Every rule is SQL in `queries/audit/` (one file per rule, `kva00N_<name>.sql`) over
 `audit_fetches`, which `queries/audit/lineage.sql` defines: fetched pages beside their
 producer's stored descriptor and their consumer's configuration. This module composes
-them into one statement, the lineage as a materialised CTE that every rule reads (so
-the joins run once, and nothing is written to a table), and turns the rows into
-`Finding`s; what a rule checks is in its SQL.
+them into one statement, with the lineage as a CTE that every rule reads, and turns the
+rows into `Finding`s; what a rule checks is in its SQL.
+
+The CTE is deliberately not materialised: each rule then streams the lineage's hash
+joins again, which at 10M descriptors is about 4x faster than holding millions of wide
+rows for all rules at once (74 s against 309 s under a 3 GB memory limit, where the
+materialised rows spilled to disk).
 """
 
 from __future__ import annotations
@@ -68,9 +72,9 @@ def run_audit(store: TraceStore, *, skew_s: float = 1.0) -> list[Finding]:
 
 
 def audit_query() -> str:
-    """One statement: the lineage, materialised once, then every rule's rows."""
+    """One statement: the lineage as a CTE, then every rule's rows."""
     rules = " UNION ALL ".join(f"SELECT * FROM ({_statement(name)})" for name in rule_queries())
-    return f"WITH audit_fetches AS MATERIALIZED ({_statement(LINEAGE_QUERY)}) {rules}"
+    return f"WITH audit_fetches AS NOT MATERIALIZED ({_statement(LINEAGE_QUERY)}) {rules}"
 
 
 def _statement(name: str) -> str:

@@ -1,8 +1,8 @@
 -- lineage: every fetched page beside its producer's stored descriptor and its consumer's configuration.
 --
 -- What it is: the shared base of the audit rules: queries/audit/kva*.sql read it as
---   `audit_fetches`, which the auditor (kvaudit.audit) defines as a materialised CTE
---   over this query, computed once for all the rules in one statement. It joins each fetched page to the
+--   `audit_fetches`, which the auditor (kvaudit.audit) defines as a CTE over this query,
+--   in one statement with all the rules. It joins each fetched page to the
 --   *producer* store of its key: the earliest store of that key anywhere, when that
 --   store precedes the fetch (allowing `kvaudit_skew_s` of clock skew between
 --   machines); and to the `replicas` row of the process that fetched it (the
