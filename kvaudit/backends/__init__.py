@@ -11,9 +11,17 @@ from collections.abc import Sequence
 
 from kvaudit.backends.base import Backend, BackendError
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.store import open_store
+from kvaudit.store import TraceStore, open_store
 
-__all__ = ["Backend", "BackendError", "add_backend_option", "open_backend"]
+__all__ = ["Backend", "BackendError", "Source", "add_backend_option", "as_backend", "open_backend"]
+
+Source = TraceStore | Backend
+"""What the analysis functions read: a store (DuckDB) or any backend."""
+
+
+def as_backend(source: Source) -> Backend:
+    """The backend of a source: a store's DuckDB, or the backend itself."""
+    return source if isinstance(source, Backend) else DuckDBBackend(source)
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
