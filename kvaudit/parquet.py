@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import duckdb
 import pyarrow as pa
 
 from kvaudit.reader import ERRORS_SCHEMA, PAGES_SCHEMA, RESOURCES_SCHEMA, SPANS_SCHEMA
@@ -79,19 +80,38 @@ def write(store: TraceStore, root: str) -> dict[str, int]:
     return written
 
 
-def sources(root: str) -> dict[str, str]:
-    """For each table, a DuckDB query reading it from the dataset at `root` with the table's columns."""
+def sources(root: str, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """For each table, a DuckDB query reading it from the dataset at `root` with the table's columns.
+
+    A column the files lack (a dataset written before the column existed) reads as NULL;
+    files of different ingests are matched by column name.
+    """
     queries = {}
     for table, (schema, time_column, _) in TABLES.items():
-        columns = ", ".join(f'"{name}"' for name in schema.names)
         pattern = _escape(
             f"{_folder(root, table)}/**/*.parquet" if time_column else f"{_folder(root, table)}/*.parquet"
         )
         # Partition values are typed here: a replica named `7` stays a string.
-        hive = "hive_partitioning = true, hive_types = {'day': DATE, 'replica': VARCHAR}" if time_column else ""
-        options = f", {hive}" if hive else ""
-        queries[table] = f"SELECT {columns} FROM read_parquet('{pattern}'{options})"
+        hive = ", hive_partitioning = true, hive_types = {'day': DATE, 'replica': VARCHAR}" if time_column else ""
+        scan = f"read_parquet('{pattern}', union_by_name = true{hive})"
+        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()}
+        columns = ", ".join(
+            f'"{field.name}"'
+            if field.name in present
+            else f'CAST(NULL AS {_DUCKDB_TYPE[field.type]}) AS "{field.name}"'
+            for field in schema
+        )
+        queries[table] = f"SELECT {columns} FROM {scan}"
     return queries
+
+
+_DUCKDB_TYPE: Final = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.bool_(): "BOOLEAN",
+    pa.list_(pa.int64()): "BIGINT[]",
+    pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
+}
 
 
 def _escape(text: str) -> str:

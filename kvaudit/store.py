@@ -124,7 +124,7 @@ class TraceStore:
         store = cls.__new__(cls)
         store.paths, store._workers, store._cursors = [], None, {}
         store.con = duckdb.connect()
-        for name, query in parquet.sources(root).items():
+        for name, query in parquet.sources(root, store.con).items():
             store.con.execute(f"CREATE VIEW {name} AS {query}")
         store._create()
         return store

@@ -73,3 +73,14 @@ def test_ingest_needs_one_target(tmp_path: Path, capsys):
     with pytest.raises(SystemExit):
         main(["ingest", str(tmp_path), "-o", "x.duckdb", "--parquet", "dir"])
     assert "not allowed with" in capsys.readouterr().err
+
+
+def test_a_column_the_files_lack_reads_as_null(fleet):
+    """A dataset written before a column existed still opens; the column is NULL."""
+    from_json, _, dataset = fleet
+    for file in (dataset / "spans").rglob("*.parquet"):
+        pq.write_table(pq.read_table(file).drop_columns(["tokens_hit"]), file)
+    store = open_store([str(dataset)])
+    assert store.query("SELECT count(*), count(tokens_hit) FROM spans")[1] == [
+        (from_json.query("SELECT count(*) FROM spans")[1][0][0], 0)
+    ]
