@@ -87,18 +87,25 @@ class Operation:
 
     __slots__ = ("_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
 
-    def __init__(self, emitter: Emitter, op: Op, attrs: dict[str, Any], parent: SpanContext | None) -> None:
+    def __init__(
+        self,
+        emitter: Emitter,
+        op: Op,
+        attrs: dict[str, Any],
+        parent: SpanContext | None,
+        start_ns: int | None = None,
+    ) -> None:
         self._emitter = emitter
         self._op = op
         self._attrs = attrs
         self._pages: list[PageEvent] = []
         self._parent = parent
         self._ended = False
-        self._start = time.time_ns()
+        self._start = time.time_ns() if start_ns is None else start_ns
 
-    def add_page(self, page: PageDescriptor) -> None:
-        """Record the descriptor of one page this operation stored or fetched."""
-        self._pages.append(PageEvent(page, time.time_ns()))
+    def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
+        """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
+        self._pages.append(PageEvent(page, time.time_ns() if time_ns is None else time_ns))
 
     def end(
         self,
@@ -108,8 +115,9 @@ class Operation:
         tokens_stored: int | None = None,
         pages: int | None = None,
         bytes: int | None = None,  # noqa: A002 - the contract's name
+        end_ns: int | None = None,
     ) -> None:
-        """Finish the operation. `pages` and `bytes` default to the sums over its descriptors."""
+        """Finish the operation at `end_ns` (default now); `pages` and `bytes` default to sums over its pages."""
         if self._ended:
             return
         self._ended = True
@@ -120,7 +128,8 @@ class Operation:
             _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
             attrs[SpanAttr.PAGES] = len(self._pages) if pages is None else pages
             attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
-            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, self._parent, outcome)
+            end = time.time_ns() if end_ns is None else end_ns
+            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end, self._parent, outcome)
         except Exception as exc:
             self._emitter._count_error(exc)
 
@@ -142,7 +151,7 @@ class _NoOperation(Operation):
     def __init__(self) -> None:
         pass
 
-    def add_page(self, page: PageDescriptor) -> None:
+    def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         pass
 
     def end(self, outcome: Outcome | None = None, **_: Any) -> None:
@@ -196,8 +205,13 @@ class Emitter:
         backend: str | None = None,
         tokens_requested: int | None = None,
         parent: SpanContext | None = None,
+        start_ns: int | None = None,
     ) -> Operation:
-        """Start an operation; the current span (if any) becomes its parent unless `parent` is given."""
+        """Start an operation; the current span (if any) becomes its parent unless `parent` is given.
+
+        `start_ns` (and `end_ns`, `time_ns` further on) default to now; a simulator
+        passes its own clock so that simulated time travels through the real path.
+        """
         try:
             attrs: dict[str, Any] = {SpanAttr.OP: op.value, SpanAttr.HOOK: str(hook)}
             _put(attrs, SpanAttr.REQUEST_ID, request_id)
@@ -206,7 +220,7 @@ class Emitter:
             if parent is None:
                 current = trace.get_current_span().get_span_context()
                 parent = current if current.is_valid else None
-            return Operation(self, op, attrs, parent)
+            return Operation(self, op, attrs, parent, start_ns)
         except Exception as exc:
             self._count_error(exc)
             return _NoOperation()
@@ -234,6 +248,7 @@ class Emitter:
         attrs: dict[str, Any],
         pages: list[PageEvent],
         start: int,
+        end: int,
         parent: SpanContext | None,
         outcome: Outcome | None,
     ) -> None:
@@ -254,7 +269,7 @@ class Emitter:
                 events=events,
                 status=_ERROR if outcome is Outcome.ERROR else _OK,
                 start_time=start,
-                end_time=time.time_ns(),
+                end_time=end,
                 instrumentation_scope=_SCOPE,
             )
         )
