@@ -126,7 +126,7 @@ def test_hit_rates_match_a_brute_force_lru(tmp_path: Path, router: str):
     _, [(evicted,)] = store.query("SELECT count(*) FROM pages WHERE op = 'evict'")
     assert evicted > 0  # the pool was full: the replay checked eviction order too
     hit_rate = sum(traced.values()) / sum(r.tokens for r in result.requests)
-    assert hit_rate == pytest.approx(summarise("all", result.requests).hit_rate)
+    assert hit_rate == pytest.approx(summarise("all", result.requests).hit)
 
 
 def test_clean_run_pages_are_complete_and_match_their_consumer(tmp_path: Path):
@@ -186,6 +186,10 @@ def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     args = ["simulate", "--out", str(out), "--duration", "30", "--rate", "0.5", "--fault", "rolling-upgrade:10"]
     assert main([*args, "--router", "prefix-aware", "--local-gib", "16", "--guard"]) == 0
     assert "Per workload" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == [GROUND_TRUTH_FILE, "r1.jsonl", "r2.jsonl"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.*")) == [
+        GROUND_TRUTH_FILE,
+        "traces/r1.jsonl",
+        "traces/r2.jsonl",
+    ]
     assert main(["simulate", "--out", str(out), "--fault", "raw-ptr:7"]) == 2
     assert "raw-ptr:7" in capsys.readouterr().err

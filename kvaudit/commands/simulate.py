@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "kvaudit simulate --out sim-out --duration 300 --router prefix-aware --fault rolling-upgrade:150 --guard",
     )
     add_arguments(parser)
-    parser.add_argument("--out", default="sim-out", help="directory for r1.jsonl, r2.jsonl, ... and ground_truth.jsonl")
+    parser.add_argument(
+        "--out", default="sim-out", help="directory for traces/r1.jsonl, traces/r2.jsonl, ... and ground_truth.jsonl"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only where the files went")
     parser.set_defaults(run=run)
 

@@ -36,6 +36,7 @@ NS: Final = 1_000_000_000
 # Simulated time starts at a fixed instant, so that a seed fixes every timestamp.
 EPOCH_NS: Final = 1_767_225_600 * NS  # 2026-01-01T00:00:00Z
 GROUND_TRUTH_FILE: Final = "ground_truth.jsonl"
+TRACES_DIR: Final = "traces"  # beside the ground truth, so that a reader of the traces never sees it
 POOL_BACKEND: Final = "sim.pool"
 LOCAL_BACKEND: Final = "sim.local"
 TIER_POOL: Final = "remote"
@@ -138,7 +139,7 @@ class _Replica:
 
 
 class Simulation:
-    """One run. `out` is the directory for the trace files; None emits into nowhere."""
+    """One run into `out`: `traces/<replica>.jsonl` and `ground_truth.jsonl`; None emits into nowhere."""
 
     def __init__(self, config: SimConfig, out: Path | None = None) -> None:
         self.config = config
@@ -156,7 +157,7 @@ class Simulation:
         self._truth: list[GroundTruth] = []
         self._end_ns = EPOCH_NS + int(config.duration_s * NS)
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
+            (out / TRACES_DIR).mkdir(parents=True, exist_ok=True)
         for replica in self._fleet:
             self._open_emitter(replica, LAYOUT_SPLIT, VERSION_BEFORE)
 
@@ -198,10 +199,10 @@ class Simulation:
                 self._finish(now, subject)
         for replica in self._fleet:
             replica.emitter.shutdown()
-        files = sorted(self.out.glob("*.jsonl")) if self.out is not None else []
+        files = sorted((self.out / TRACES_DIR).glob("*.jsonl")) if self.out is not None else []
         if self.out is not None:
             write_ground_truth(self.out / GROUND_TRUTH_FILE, self._truth)
-        return SimResult(self.config, self._records, self._truth, [f for f in files if f.name != GROUND_TRUTH_FILE])
+        return SimResult(self.config, self._records, self._truth, files)
 
     def _push(self, time_ns: int, kind: str, subject: object) -> None:
         heapq.heappush(self._events, (time_ns, next(self._seq), kind, subject))
@@ -369,7 +370,10 @@ class Simulation:
             replica.emitter = Emitter(replica_resource(replica.name, **options), SpanBatcher(_Discard()))
         else:
             replica.emitter = setup_emitter(
-                replica.name, f"file:{self.out}/{replica.name}.jsonl", max_queue_spans=4 * FLUSH_EVERY, **options
+                replica.name,
+                f"file:{self.out / TRACES_DIR}/{replica.name}.jsonl",
+                max_queue_spans=4 * FLUSH_EVERY,
+                **options,
             )
 
     def _maybe_upgrade(self, now: int, replica: _Replica) -> None:
@@ -438,5 +442,5 @@ class Simulation:
 
 
 def simulate(config: SimConfig, out: Path | None = None) -> SimResult:
-    """Run one simulation; trace files and the ground truth go to `out` when given."""
+    """Run one simulation; trace files and the ground truth go under `out` when given."""
     return Simulation(config, out).run()

@@ -12,28 +12,25 @@ from kvaudit.simulator.engine import RequestRecord
 class Summary:
     """Token-weighted rates over a group of requests.
 
-    hit_rate: prompt tokens loaded from a tier and used, over prompt tokens.
-    rejected: prompt tokens fetched, rejected by the guard and recomputed.
-    ttft_ms, no_reuse_ms: mean time to first token with reuse, and without any.
-    lookup_hit: prompt tokens the lookup found (used or rejected).
+    reqs: requests.
+    hit: prompt tokens loaded from a tier and used, over prompt tokens.
+    found: prompt tokens the lookup found, used or rejected by the guard (and recomputed).
     cross: share of used tokens produced by another replica.
+    ttft_ms: mean time to first token.
     ttft_x: mean TTFT without any reuse over mean TTFT with it (queueing included).
-    unloaded_x: the same without queueing: full prefill time over transfer plus
+    idle_x: the same without queueing: full prefill time over transfer plus
         remaining prefill time, 1 / (1 - h + h × transfer/prefill per token) at hit rate h.
     transfer: share of the service time spent moving KV rather than computing it.
     """
 
     group: str
-    requests: int
-    tokens: int
-    hit_rate: float
-    lookup_hit: float
+    reqs: int
+    hit: float
+    found: float
     cross: float
-    rejected: int
     ttft_ms: float
-    no_reuse_ms: float
     ttft_x: float
-    unloaded_x: float
+    idle_x: float
     transfer: float
 
     @classmethod
@@ -41,7 +38,8 @@ class Summary:
         return [f.name for f in fields(cls)]
 
     def row(self) -> tuple[object, ...]:
-        return astuple(self)
+        """The values as people read them: shares in percent, speedups as factors."""
+        return tuple(_show(f.name, value) for f, value in zip(fields(self), astuple(self)))
 
 
 def summarise(group: str, records: Sequence[RequestRecord]) -> Summary:
@@ -54,16 +52,13 @@ def summarise(group: str, records: Sequence[RequestRecord]) -> Summary:
     n = len(records)
     return Summary(
         group=group,
-        requests=n,
-        tokens=tokens,
-        hit_rate=_ratio(used, tokens),
-        lookup_hit=_ratio(sum(r.lookup_hit_tokens for r in records), tokens),
+        reqs=n,
+        hit=_ratio(used, tokens),
+        found=_ratio(sum(r.lookup_hit_tokens for r in records), tokens),
         cross=_ratio(sum(r.cross_tokens for r in records), used),
-        rejected=sum(r.rejected_tokens for r in records),
         ttft_ms=1e3 * _ratio(ttft, n),
-        no_reuse_ms=1e3 * _ratio(ttft_no_reuse, n),
         ttft_x=_ratio(ttft_no_reuse, ttft),
-        unloaded_x=_ratio(sum(r.prefill_no_reuse_s for r in records), busy),
+        idle_x=_ratio(sum(r.prefill_no_reuse_s for r in records), busy),
         transfer=_ratio(transfer, busy),
     )
 
@@ -76,6 +71,16 @@ def summarise_by(records: Iterable[RequestRecord], key: Callable[[RequestRecord]
         groups.setdefault(key(record), []).append(record)
         everything.append(record)
     return [summarise(name, groups[name]) for name in sorted(groups)] + [summarise("all", everything)]
+
+
+def _show(name: str, value: object) -> object:
+    if not isinstance(value, float):
+        return value
+    if name.endswith("_x"):
+        return f"{value:.2f}×"
+    if name.endswith("_ms"):
+        return f"{value:.0f}"
+    return f"{100 * value:.1f}%"
 
 
 def _ratio(numerator: float, denominator: float) -> float:
