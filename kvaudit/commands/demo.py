@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Final
 
@@ -64,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(traces)
     _heading("2. Reuse as the traces show it (named query `summary`)")
     write_rows(*store.query(load("summary")))
-    _audit(store, result, traces)
+    _audit(store, result)
     _report(out, traces)
     _capacity(store)
     _heading("Look further")
     traces_dir = out / TRACES_DIR
     print(f"  kvaudit tui {traces_dir}")
+    if _have("kvaudit.audit"):
+        print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
     print(f'  kvaudit sql {traces_dir} "SELECT replica, op, layout, used, count(*) FROM pages GROUP BY ALL"')
     print(f"  kvaudit sql {traces_dir} -f {query_path('summary')}")
     print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")
@@ -77,14 +80,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(store: TraceStore, result: SimResult, traces: list[str]) -> None:
+def _audit(store: TraceStore, result: SimResult) -> None:
     _heading("3. Audit, and its recall against the injected faults")
     if not _have("kvaudit.audit"):
         print("  (the auditor is not part of this installation yet)")
         return
-    audit = importlib.import_module("kvaudit.audit")
-    main(["audit", *traces])
-    found = {(f.replica, f.trace_id, f.key) for f in audit.run_audit(store)}
+    findings = importlib.import_module("kvaudit.audit").run_audit(store)
+    counts = Counter((f.severity, f.code, f.rule, f.replica or "") for f in findings)  # critical first
+    write_rows(["severity", "code", "rule", "replica", "findings"], [(*key, n) for key, n in counts.items()])
+    found = {(f.replica, f.trace_id, f.key) for f in findings}
     caught = sum((t.replica, t.trace_id, t.key) in found for t in result.ground_truth)
     injected = len(result.ground_truth)
     print(f"\nThe audit flagged {caught} of the {injected} faulty fetched pages the simulator injected.")

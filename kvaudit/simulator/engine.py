@@ -55,6 +55,8 @@ class SimConfig:
     model: ModelGeometry = PRESETS["gemma-2-27b"]
     page_tokens: int = 256
     pool_bytes: int = 256 * GIB
+    # False: no sharing, each replica has a private pool of pool_bytes / replicas (the baseline).
+    shared: bool = True
     local_bytes: int = 0
     router: str = "round-robin"
     mix: dict[str, float] = field(default_factory=lambda: {"chat": 0.4, "agent": 0.2, "shared": 0.2, "oneshot": 0.2})
@@ -131,7 +133,6 @@ class _Replica:
         self.local = LRUTier(local_bytes) if local_bytes else None
         self.queue: deque[_Request] = deque()
         self.running: _Request | None = None
-        self.free_no_reuse_ns = 0
         self.upgraded = False
         self.spans = 0
         self.kv: KVConfig
@@ -145,7 +146,8 @@ class Simulation:
         self.config = config
         self.out = out
         self.replicas = config.replicas
-        self._pool = LRUTier(config.pool_bytes)
+        pools = 1 if config.shared else config.replicas
+        self._pools = [LRUTier(config.pool_bytes // pools) for _ in range(pools)]
         self._page_bytes = config.model.page_bytes(config.page_tokens)
         self._router = make_router(config.router, config.seed)
         self._injector = Injector(config.faults, config.seed)
@@ -154,6 +156,7 @@ class Simulation:
         self._seq = itertools.count()
         self._fleet = [_Replica(i, f"r{i + 1}", config.local_bytes) for i in range(config.replicas)]
         self._records: list[RequestRecord] = []
+        self._free_no_reuse_ns = [0] * config.replicas
         self._truth: list[GroundTruth] = []
         self._end_ns = EPOCH_NS + int(config.duration_s * NS)
         if out is not None:
@@ -167,7 +170,7 @@ class Simulation:
         rep = self._fleet[replica]
         count = 0
         for key in keys:
-            entry = self._pool.peek(key)
+            entry = self._pool(rep).peek(key)
             held = key in rep.local if rep.local is not None else entry is not None and entry.producer == rep.name
             if not held:
                 break
@@ -204,6 +207,9 @@ class Simulation:
             write_ground_truth(self.out / GROUND_TRUTH_FILE, self._truth)
         return SimResult(self.config, self._records, self._truth, files)
 
+    def _pool(self, replica: _Replica) -> LRUTier:
+        return self._pools[replica.index % len(self._pools)]
+
     def _push(self, time_ns: int, kind: str, subject: object) -> None:
         heapq.heappush(self._events, (time_ns, next(self._seq), kind, subject))
 
@@ -222,11 +228,13 @@ class Simulation:
             session.stream.tokens,
             now,
         )
-        # Without reuse the same request would wait for, and run, full prefills only.
+        # The baseline: a fleet without any reuse, routed round-robin (no router can
+        # do better without a cache), running full prefills for the same arrivals.
         record.prefill_no_reuse_s = self.config.cost.prefill_s(self.config.model, record.tokens)
-        start = max(now, replica.free_no_reuse_ns)
-        replica.free_no_reuse_ns = start + self._ns(record.prefill_no_reuse_s)
-        record.ttft_no_reuse_s = (replica.free_no_reuse_ns - now) / NS
+        baseline = len(self._records) % self.replicas
+        start = max(now, self._free_no_reuse_ns[baseline])
+        self._free_no_reuse_ns[baseline] = start + self._ns(record.prefill_no_reuse_s)
+        record.ttft_no_reuse_s = (self._free_no_reuse_ns[baseline] - now) / NS
         parent = SpanContext(
             self._ids.getrandbits(128) or 1, self._ids.getrandbits(64) or 1, False, TraceFlags(TraceFlags.SAMPLED)
         )
@@ -285,7 +293,7 @@ class Simulation:
         hits: list[tuple[Entry, str]] = []
         for key in keys:
             local = replica.local.get(key) if replica.local is not None else None
-            entry = local or self._pool.get(key)
+            entry = local or self._pool(replica).get(key)
             if entry is None:
                 break
             hits.append((entry, TIER_LOCAL if local else TIER_POOL))
@@ -335,7 +343,7 @@ class Simulation:
             entry = Entry(page, replica.name, self._page_bytes)
             if replica.local is not None:
                 evicted[LOCAL_BACKEND].extend(replica.local.put(entry.page.key or "", entry) or [])
-            dropped = self._pool.put(entry.page.key or "", entry)
+            dropped = self._pool(replica).put(entry.page.key or "", entry)
             if dropped is not None:
                 written.append(page)
                 evicted[POOL_BACKEND].extend(dropped)

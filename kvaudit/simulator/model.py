@@ -9,6 +9,7 @@ recomputing, and every number a run reports can be checked by hand from it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -90,7 +91,8 @@ def load_model(spec: str) -> ModelGeometry:
         raise ValueError(f"{spec}: bad model geometry ({exc})") from None
 
 
-class CostModel(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True)
+class CostModel:
     """Latencies of one replica's operations, in seconds.
 
     Args:
