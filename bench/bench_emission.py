@@ -19,7 +19,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from bench.common import KV, PAGE_BYTES, best_of, env_int, page, report
+from bench.common import KV, PAGE_BYTES, best_of, env_int, machine, page, report
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emission import Emitter, replica_resource, setup_emitter
 from kvaudit.file_exporter import OTLPJsonFileExporter
@@ -119,6 +119,7 @@ def _export(spans: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    print(machine())
     spans = env_int("KVAUDIT_BENCH_SPANS", 2000)
     ours_pages, ours_bare = _kvaudit(spans, PAGES_PER_SPAN), _kvaudit(spans, 0)
     sdk_pages, sdk_bare = _sdk(spans, PAGES_PER_SPAN), _sdk(spans, 0)

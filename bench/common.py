@@ -55,5 +55,11 @@ def best_of(repeats: int, run: Callable[[], None]) -> float:
     return best
 
 
+def machine() -> str:
+    """The machine and how busy it was: figures from a shared machine need that context."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} CPUs, load average {load} at start"
+
+
 def report(rows: Sequence[Sequence[object]]) -> None:
     write_rows(["measure", "kvaudit", "baseline", "ratio", "goal"], rows)
