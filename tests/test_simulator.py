@@ -12,7 +12,7 @@ from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH
 from kvaudit.simulator.engine import GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import RAW_PTR, ROLLING_UPGRADE, Faults, parse_faults, read_ground_truth
-from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel
+from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, load_model
 from kvaudit.simulator.stats import summarise
 from kvaudit.simulator.workload import TokenStream, parse_mix
 from kvaudit.store import TraceStore
@@ -40,6 +40,16 @@ def test_presets_match_the_design_numbers():
     cost = CostModel()
     assert cost.prefill_s(gemma2, 1) == pytest.approx(0.109e-3, rel=0.01)
     assert 3e9 < cost.breakeven_bytes_per_s(gemma2) < 4e9
+
+
+def test_model_geometry_from_json(tmp_path: Path):
+    path = tmp_path / "tiny.json"
+    path.write_text('{"name": "tiny", "params": 1e9, "layers": 2, "kv_heads": 2, "head_size": 64}')
+    assert load_model(str(path)).kv_bytes_per_token == 2 * 2 * 2 * 64 * 2
+    path.write_text('{"name": "tiny", "params": 1e9, "layers": 2, "kv_heads": 2, "head_size": 64, "dtype": "int4"}')
+    for spec in (str(path), "gemma-9-1t"):
+        with pytest.raises(ValueError):
+            load_model(spec)
 
 
 def test_page_keys_are_chained_prefix_hashes():

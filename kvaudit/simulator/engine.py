@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, replica_resource, setup_emitter
+from kvaudit.emission import Emitter, Operation, replica_resource, setup_emitter
 from kvaudit.simulator.faults import Faults, GroundTruth, Injector, write_ground_truth
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, ModelGeometry
 from kvaudit.simulator.pool import Entry, LRUTier
@@ -252,16 +252,15 @@ class Simulation:
         page_tokens = self.config.page_tokens
         record.lookup_hit_tokens = len(hits) * page_tokens
         lookup_end = now + self._ns(cost.lookup_s)
-        self._emit_lookup(replica, request, now, lookup_end, len(hits))
-        fetch = replica.emitter.operation(
-            Op.FETCH,
-            hook=Hook.SIMULATOR,
-            request_id=record.request_id,
-            backend=POOL_BACKEND,
-            tokens_requested=record.tokens,
-            parent=request.parent,
-            start_ns=lookup_end,
+        lookup = self._operation(replica, Op.LOOKUP, now, request, tokens_requested=record.tokens)
+        lookup.end(
+            _outcome(len(hits), record.lookup_hit_tokens, record.tokens),
+            tokens_hit=record.lookup_hit_tokens,
+            pages=len(hits),
+            bytes=len(hits) * self._page_bytes,
+            end_ns=lookup_end,
         )
+        fetch = self._operation(replica, Op.FETCH, lookup_end, request, tokens_requested=record.tokens)
         t = lookup_end
         for index, (entry, tier) in enumerate(hits):
             page, fault = self._injector.serve(entry.page, tier, replica.kv)
@@ -280,8 +279,7 @@ class Simulation:
                 request.computed.append(index)
             if fault is not None:
                 self._truth.append(self._fault(fault, replica, request, entry, page, t))
-        fetch.end(self._fetch_outcome(record, len(hits)), tokens_hit=record.used_tokens, end_ns=t)
-        self._count_span(replica)
+        fetch.end(_outcome(len(hits), record.used_tokens, record.tokens), tokens_hit=record.used_tokens, end_ns=t)
         request.computed.extend(range(len(hits), len(record.keys)))
         record.prefill_s = cost.prefill_s(model, record.tokens - record.used_tokens)
         record.finish_ns = t + self._ns(record.prefill_s)
@@ -302,29 +300,19 @@ class Simulation:
     def _finish(self, now: int, replica: _Replica) -> None:
         request, replica.running = replica.running, None
         assert request is not None
-        record = request.record
         written, evicted = self._store(replica, request, now)
         if written:
-            op = replica.emitter.operation(
-                Op.STORE,
-                hook=Hook.SIMULATOR,
-                request_id=record.request_id,
-                backend=POOL_BACKEND,
-                parent=request.parent,
-                start_ns=now,
-            )
+            store = self._operation(replica, Op.STORE, now, request)
             for page in written:
-                op.add_page(page, time_ns=now)  # visible in the pool from `now` on
+                store.add_page(page, time_ns=now)  # visible in the pool from `now` on
             seconds = self.config.cost.transfer_s(len(written) * self._page_bytes)
-            op.end(tokens_stored=len(written) * self.config.page_tokens, end_ns=now + self._ns(seconds))
-            self._count_span(replica)
+            store.end(tokens_stored=len(written) * self.config.page_tokens, end_ns=now + self._ns(seconds))
         for backend, entries in evicted.items():
             if entries:
-                evict = replica.emitter.operation(Op.EVICT, hook=Hook.SIMULATOR, backend=backend, start_ns=now)
+                evict = self._operation(replica, Op.EVICT, now, backend=backend)
                 for entry in entries:
                     evict.add_page(entry.page, time_ns=now)
                 evict.end(end_ns=now)
-                self._count_span(replica)
         decode_s = request.output_tokens * self.config.cost.decode_s_per_token
         next_arrival = now + self._ns(decode_s + request.think_s)
         if next_arrival < self._end_ns:
@@ -393,34 +381,29 @@ class Simulation:
         replica.emitter.shutdown()  # the old process exits, releasing its trace file
         self._open_emitter(replica, LAYOUT_PACKED, VERSION_UPGRADED)
 
-    def _emit_lookup(self, replica: _Replica, request: _Request, start: int, end: int, hits: int) -> None:
-        record = request.record
-        op = replica.emitter.operation(
-            Op.LOOKUP,
+    def _operation(
+        self,
+        replica: _Replica,
+        op: Op,
+        start_ns: int,
+        request: _Request | None = None,
+        *,
+        backend: str = POOL_BACKEND,
+        tokens_requested: int | None = None,
+    ) -> Operation:
+        """Start an operation on `replica`'s emitter, in simulated time, under the request's trace."""
+        replica.spans += 1
+        if replica.spans % FLUSH_EVERY == 0:
+            replica.emitter.flush()
+        return replica.emitter.operation(
+            op,
             hook=Hook.SIMULATOR,
-            request_id=record.request_id,
-            backend=POOL_BACKEND,
-            tokens_requested=record.tokens,
-            parent=request.parent,
-            start_ns=start,
+            request_id=request.record.request_id if request else None,
+            backend=backend,
+            tokens_requested=tokens_requested,
+            parent=request.parent if request else None,
+            start_ns=start_ns,
         )
-        outcome = Outcome.MISS if not hits else Outcome.HIT if record.lookup_hit_tokens >= record.tokens else None
-        op.end(
-            outcome or Outcome.PARTIAL,
-            tokens_hit=record.lookup_hit_tokens,
-            pages=hits,
-            bytes=hits * self._page_bytes,
-            end_ns=end,
-        )
-        self._count_span(replica)
-
-    @staticmethod
-    def _fetch_outcome(record: RequestRecord, pages: int) -> Outcome:
-        if not pages:
-            return Outcome.MISS
-        if not record.used_tokens:
-            return Outcome.REJECTED
-        return Outcome.HIT if record.used_tokens >= record.tokens else Outcome.PARTIAL
 
     def _fault(
         self, fault: str, replica: _Replica, request: _Request, entry: Entry, page: PageDescriptor, t: int
@@ -439,14 +422,17 @@ class Simulation:
             consumer_layout=replica.kv.layout,
         )
 
-    def _count_span(self, replica: _Replica) -> None:
-        replica.spans += 1
-        if replica.spans % FLUSH_EVERY == 0:
-            replica.emitter.flush()
-
     @staticmethod
     def _ns(seconds: float) -> int:
         return int(seconds * NS)
+
+
+def _outcome(pages: int, used_tokens: int, tokens: int) -> Outcome:
+    if not pages:
+        return Outcome.MISS
+    if not used_tokens:
+        return Outcome.REJECTED
+    return Outcome.HIT if used_tokens >= tokens else Outcome.PARTIAL
 
 
 def simulate(config: SimConfig, out: Path | None = None) -> SimResult:
