@@ -12,12 +12,14 @@ import argparse
 import importlib
 import importlib.util
 import shutil
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Final
 
 from kvaudit.cli import command_parser, main
+from kvaudit.commands.simulate import print_summary
 from kvaudit.named_queries import load, query_path
 from kvaudit.output import write_rows
 from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, SimConfig, SimResult, simulate
@@ -44,9 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: the simulate command registers after this one.
-    from kvaudit.commands.simulate import print_summary
-
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     config = SimConfig(
@@ -61,15 +60,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = simulate(config, out)
     print_summary(result, time.perf_counter() - started)
-    traces = [str(f) for f in result.files]
-    store = open_store(traces)
+    traces_dir = out / TRACES_DIR
+    store = open_store([str(traces_dir)])
     _heading("2. Reuse as the traces show it (named query `summary`)")
     write_rows(*store.query(load("summary")))
-    _audit(store, result)
-    _report(out, traces)
-    _capacity(store)
+    _audit(store, result, traces_dir)
     _heading("Look further")
-    traces_dir = out / TRACES_DIR
     print(f"  kvaudit tui {traces_dir}")
     if _have("kvaudit.audit"):
         print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
@@ -80,34 +76,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(store: TraceStore, result: SimResult) -> None:
-    _heading("3. Audit, and its recall against the injected faults")
+def _audit(store: TraceStore, result: SimResult, traces: Path) -> None:
+    """The report where installed (findings, reuse, hit rates, overhead, capacity), else the findings counted."""
     if not _have("kvaudit.audit"):
+        _heading("3. Audit")
         print("  (the auditor is not part of this installation yet)")
         return
     findings = importlib.import_module("kvaudit.audit").run_audit(store)
-    counts = Counter((f.severity, f.code, f.rule, f.replica or "") for f in findings)  # critical first
-    write_rows(["severity", "code", "rule", "replica", "findings"], [(*key, n) for key, n in counts.items()])
+    if _have("kvaudit.commands.report"):
+        _heading("3. Report: findings, reuse, hit rates, transfer overhead, pool capacity")
+        main(["report", str(traces), "--html", str(traces.parent / "report.html")])
+    else:
+        _heading("3. Audit")
+        counts = Counter((f.severity, f.code, f.rule, f.replica or "") for f in findings)  # critical first
+        write_rows(["severity", "code", "rule", "replica", "findings"], [(*key, n) for key, n in counts.items()])
     found = {(f.replica, f.trace_id, f.key) for f in findings}
     caught = sum((t.replica, t.trace_id, t.key) in found for t in result.ground_truth)
     injected = len(result.ground_truth)
-    print(f"\nThe audit flagged {caught} of the {injected} faulty fetched pages the simulator injected.")
-
-
-def _report(out: Path, traces: list[str]) -> None:
-    if _have("kvaudit.commands.report"):
-        _heading("4. Report")
-        main(["report", *traces, "--html", str(out / "report.html")])
-        print(f"HTML report: {out / 'report.html'}")
-
-
-def _capacity(store: TraceStore) -> None:
-    try:
-        query = load("capacity_curve")
-    except FileNotFoundError:
-        return
-    _heading("5. Capacity curve: hit rate against pool size (named query `capacity_curve`)")
-    write_rows(*store.query(query))
+    print(f"\nRecall: the audit flagged {caught} of the {injected} faulty fetched pages the simulator injected.")
 
 
 def _have(module: str) -> bool:
@@ -118,10 +104,4 @@ def _have(module: str) -> bool:
 
 
 def _heading(text: str) -> None:
-    print(f"\n\033[1m{text}\033[0m" if _tty() else f"\n== {text}")
-
-
-def _tty() -> bool:
-    import sys
-
-    return sys.stdout.isatty()
+    print(f"\n\033[1m{text}\033[0m" if sys.stdout.isatty() else f"\n== {text}")
