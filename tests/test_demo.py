@@ -14,5 +14,6 @@ def test_demo_runs_and_ends_with_the_commands_to_look_further(tmp_path: Path, ca
     assert main(["demo", "--out", str(out), "--guard"]) == 0
     text = capsys.readouterr().out
     assert "rolling-upgrade" in text and "summary" in text
-    assert text.rstrip().splitlines()[-5].strip().startswith("kvaudit tui")
+    further = text[text.index("Look further") :].splitlines()
+    assert further[1].strip().startswith("kvaudit tui") and any("kvaudit sql" in line for line in further)
     assert (out / "ground_truth.jsonl").stat().st_size > 0
