@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from bench.common import KV, PAGE_BYTES, best_of, env_int, machine, page, report
-from kvaudit.contract import Hook, Op, Outcome
+from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
 from kvaudit.emission import Emitter, replica_resource, setup_emitter
 from kvaudit.file_exporter import OTLPJsonFileExporter
 from kvaudit.simulator.model import CostModel
@@ -67,17 +67,17 @@ def _sdk(spans: int, pages_per_span: int) -> float:
     def run() -> None:
         for n in range(spans):
             span = tracer.start_span(
-                "kvaudit.fetch",
+                Op.FETCH.span_name,
                 attributes={
-                    "kvaudit.op": "fetch",  # the SDK baseline's own copy of the span's attributes
-                    "kvaudit.hook": "kvaudit.simulator",
-                    "kvaudit.request.id": f"q{n}",
-                    "kvaudit.tokens.requested": 32768,
+                    SpanAttr.OP: Op.FETCH.value,  # the SDK baseline's own copy of the span's attributes
+                    SpanAttr.HOOK: Hook.SIMULATOR.value,
+                    SpanAttr.REQUEST_ID: f"q{n}",
+                    SpanAttr.TOKENS_REQUESTED: 32768,
                 },
             )
             for attributes in events:
-                span.add_event("kvaudit.page", attributes)
-            span.set_attributes({"kvaudit.outcome": "hit", "kvaudit.tokens.hit": pages_per_span * 256})
+                span.add_event(EVENT_PAGE, attributes)
+            span.set_attributes({SpanAttr.OUTCOME: Outcome.HIT.value, SpanAttr.TOKENS_HIT: pages_per_span * 256})
             span.end()
 
     return best_of(REPEATS, run)

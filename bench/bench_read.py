@@ -28,6 +28,7 @@ from bench.common import KV, PAGE_BYTES, env_int, machine, page, report
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emission import setup_emitter
 from kvaudit.named_queries import load
+from kvaudit.simulator.engine import POOL_BACKEND
 from kvaudit.store import TraceStore
 
 PAGES_PER_SPAN = 128
@@ -115,8 +116,8 @@ def _ingested(database: Path, descriptors: int) -> None:
         INSERT INTO kv_pages BY NAME
         SELECT 'gen' AS file, i // {PAGES_PER_SPAN} AS line, i % 2 AS resource_id, 'r' || (1 + i % 2) AS replica,
                md5((i // {PAGES_PER_SPAN})::VARCHAR) AS trace_id, md5('s' || i // {PAGES_PER_SPAN})[:16] AS span_id,
-               CASE WHEN i % 3 = 0 THEN 'store' ELSE 'fetch' END AS op, 'kvaudit.simulator' AS hook,
-               'sim.pool' AS backend, 'q' || (i // {PAGES_PER_SPAN}) AS request_id, 'hit' AS outcome,
+               CASE WHEN i % 3 = 0 THEN 'store' ELSE 'fetch' END AS op, '{Hook.SIMULATOR.value}' AS hook,
+               '{POOL_BACKEND}' AS backend, 'q' || (i // {PAGES_PER_SPAN}) AS request_id, 'hit' AS outcome,
                1767225600000000000 + i * 1000 AS time_ns, sha256((i // 3)::VARCHAR) AS key,
                '{KV.hash_algo}' AS hash_algo, (i % {PAGES_PER_SPAN}) * 256 AS token_start,
                (i % {PAGES_PER_SPAN} + 1) * 256 AS token_end, '{KV.model}' AS model, '{KV.dtype}' AS dtype,
@@ -127,7 +128,7 @@ def _ingested(database: Path, descriptors: int) -> None:
     con.execute(f"""
         INSERT INTO kv_spans BY NAME
         SELECT 'gen' AS file, j AS line, j % 2 AS resource_id, 'r' || (1 + j % 2) AS replica,
-               md5(j::VARCHAR) AS trace_id, md5('s' || j)[:16] AS span_id, 'kvaudit.fetch' AS name,
+               md5(j::VARCHAR) AS trace_id, md5('s' || j)[:16] AS span_id, '{Op.FETCH.span_name}' AS name,
                1767225600000000000 + j * 128000 AS start_ns, 1767225600000000000 + j * 128000 + 5000000 AS end_ns,
                'fetch' AS op, 'q' || j AS request_id, 32768 AS tokens_requested, 21760 AS tokens_hit,
                {PAGES_PER_SPAN} AS pages, 'partial' AS outcome

@@ -191,6 +191,16 @@ def test_auditor_finds_every_injected_fault_and_nothing_on_a_clean_run(tmp_path:
     assert audit.run_audit(clean) == []
 
 
+def test_local_tier_serves_its_own_replica_first(tmp_path: Path):
+    config = dataclasses.replace(SMALL, local_bytes=64 * 2**30, router="session-affinity")
+    result, store = _run(config, tmp_path)
+    _, tiers = store.query("SELECT tier, count(*) FROM pages WHERE op = 'fetch' GROUP BY ALL")
+    assert dict(tiers).keys() == {"cpu", "remote"}
+    # Local hits move at the local tier's bandwidth: less time than all bytes over the pool's.
+    transfer_s = sum(r.transfer_s for r in result.requests)
+    assert transfer_s < config.cost.transfer_s(sum(r.fetched_bytes for r in result.requests))
+
+
 def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "out"
     args = ["simulate", "--out", str(out), "--duration", "30", "--rate", "0.5", "--fault", "rolling-upgrade:10"]
