@@ -196,7 +196,7 @@ def test_local_tier_serves_its_own_replica_first(tmp_path: Path):
     result, store = _run(config, tmp_path)
     _, tiers = store.query("SELECT tier, count(*) FROM pages WHERE op = 'fetch' GROUP BY ALL")
     assert dict(tiers).keys() == {"cpu", "remote"}
-    # Local hits move at the local tier's bandwidth: less time than all bytes over the pool's.
+    # Local hits (pages this replica stored) move at the local tier's bandwidth, faster than the pool's.
     transfer_s = sum(r.transfer_s for r in result.requests)
     assert transfer_s < config.cost.transfer_s(sum(r.fetched_bytes for r in result.requests))
 

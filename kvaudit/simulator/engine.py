@@ -228,8 +228,8 @@ class Simulation:
             session.stream.tokens,
             now,
         )
-        # The baseline: a fleet without any reuse, routed round-robin (no router can
-        # do better without a cache), running full prefills for the same arrivals.
+        # The baseline: a fleet without any reuse running full prefills for the same
+        # arrivals, routed round-robin so that every router is measured against it.
         record.prefill_no_reuse_s = self.config.cost.prefill_s(self.config.model, record.tokens)
         baseline = len(self._records) % self.replicas
         start = max(now, self._free_no_reuse_ns[baseline])
@@ -300,7 +300,7 @@ class Simulation:
     def _finish(self, now: int, replica: _Replica) -> None:
         request, replica.running = replica.running, None
         assert request is not None
-        written, evicted = self._store(replica, request, now)
+        written, evicted = self._store(replica, request)
         if written:
             store = self._operation(replica, Op.STORE, now, request)
             for page in written:
@@ -320,18 +320,17 @@ class Simulation:
         if replica.queue:
             self._start(now, replica)
 
-    def _store(
-        self, replica: _Replica, request: _Request, now: int
-    ) -> tuple[list[PageDescriptor], dict[str, list[Entry]]]:
+    def _store(self, replica: _Replica, request: _Request) -> tuple[list[PageDescriptor], dict[str, list[Entry]]]:
         """Put the pages this request computed; a key already present is only touched (never rewritten)."""
         written: list[PageDescriptor] = []
         evicted: dict[str, list[Entry]] = {POOL_BACKEND: [], LOCAL_BACKEND: []}
         for index in request.computed:
-            page = self._page(replica.kv, request.record.keys[index], index)
+            key = request.record.keys[index]
+            page = self._page(replica.kv, key, index)
             entry = Entry(page, replica.name, self._page_bytes)
             if replica.local is not None:
-                evicted[LOCAL_BACKEND].extend(replica.local.put(entry.page.key or "", entry) or [])
-            dropped = self._pool(replica).put(entry.page.key or "", entry)
+                evicted[LOCAL_BACKEND].extend(replica.local.put(key, entry) or [])
+            dropped = self._pool(replica).put(key, entry)
             if dropped is not None:
                 written.append(page)
                 evicted[POOL_BACKEND].extend(dropped)
