@@ -33,28 +33,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The simulation's options (shared with `kvaudit demo`)."""
+    """The simulation's options, defaults from `SimConfig` and `CostModel`."""
     defaults = SimConfig()
     cost = CostModel()
-    parser.add_argument("--replicas", type=int, default=defaults.replicas)
+    parser.add_argument("--replicas", type=int, default=defaults.replicas, help="default: %(default)s")
     parser.add_argument(
-        "--model", default="gemma-2-27b", help=f"a preset ({', '.join(PRESETS)}) or a geometry JSON file"
+        "--model",
+        default="gemma-2-27b",
+        help=f"a preset ({', '.join(PRESETS)}) or a geometry JSON file; default: %(default)s",
     )
-    parser.add_argument("--pool-gib", type=float, default=defaults.pool_bytes / GIB, help="shared pool capacity")
+    parser.add_argument(
+        "--pool-gib", type=float, default=defaults.pool_bytes / GIB, help="shared pool capacity; default: %(default)s"
+    )
     parser.add_argument("--local-gib", type=float, default=0.0, help="per-replica local tier (0: none)")
-    parser.add_argument("--router", choices=list(ROUTERS), default=defaults.router)
+    parser.add_argument("--router", choices=list(ROUTERS), default=defaults.router, help="default: %(default)s")
     parser.add_argument(
         "--workload",
         default=",".join(f"{k}={v:g}" for k, v in defaults.mix.items()),
-        help=f"a mix of {', '.join(WORKLOADS)} with weights, e.g. chat=3,oneshot=1",
+        help=f"a mix of {', '.join(WORKLOADS)} with weights, e.g. chat=3,oneshot=1; default: %(default)s",
     )
-    parser.add_argument("--rate", type=float, default=defaults.rate, help="new sessions per simulated second")
-    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="simulated seconds of arrivals")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--page-tokens", type=int, default=defaults.page_tokens)
-    parser.add_argument("--gpu-tflops", type=float, default=cost.gpu_flops / 1e12, help="effective prefill rate")
-    parser.add_argument("--pool-gbps", type=float, default=cost.pool_bytes_per_s / 1e9, help="pool to GPU, GB/s")
-    parser.add_argument("--local-gbps", type=float, default=cost.local_bytes_per_s / 1e9, help="local tier, GB/s")
+    parser.add_argument(
+        "--rate", type=float, default=defaults.rate, help="new sessions per simulated second; default: %(default)s"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=defaults.duration_s,
+        help="simulated seconds of arrivals; default: %(default)s",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
+    parser.add_argument("--page-tokens", type=int, default=defaults.page_tokens, help="default: %(default)s")
+    parser.add_argument(
+        "--gpu-tflops", type=float, default=cost.gpu_flops / 1e12, help="effective prefill rate; default: %(default)s"
+    )
+    parser.add_argument(
+        "--pool-gbps", type=float, default=cost.pool_bytes_per_s / 1e9, help="pool to GPU, GB/s; default: %(default)s"
+    )
+    parser.add_argument(
+        "--local-gbps", type=float, default=cost.local_bytes_per_s / 1e9, help="local tier, GB/s; default: %(default)s"
+    )
     parser.add_argument(
         "--fault",
         action="append",
