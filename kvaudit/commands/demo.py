@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Final
 
-from kvaudit.cli import command_parser, main
+from kvaudit.cli import UsageError, command_parser, main
 from kvaudit.commands.simulate import print_summary
 from kvaudit.named_queries import load, query_path
 from kvaudit.output import write_rows
@@ -30,6 +30,8 @@ from kvaudit.store import TraceStore, open_store
 DURATION_S: Final = 300.0
 RATE: Final = 0.3
 RAW_PTR_SHARE: Final = 0.002
+# What a demo directory may hold (traces, ground truth, report, an ingested database) to be replaced.
+DEMO_SUFFIXES: Final = frozenset({".jsonl", ".html", ".duckdb", ".wal"})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if out.exists() and not all(p.name == TRACES_DIR or p.suffix in DEMO_SUFFIXES for p in out.iterdir()):
+        raise UsageError(f"{out}: holds more than a previous demo's output; give a new or empty directory")
     shutil.rmtree(out, ignore_errors=True)
     config = SimConfig(
         rate=RATE,
