@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from kvaudit.contract import KVConfig, PageDescriptor
+from kvaudit.contract import KVConfig, PageDescriptor, Tier
 from kvaudit.output import write_rows
 from kvaudit.simulator.model import LAYOUT_SPLIT, PRESETS
 
@@ -41,7 +41,7 @@ def page(index: int, *, used: bool | None = True) -> PageDescriptor:
         used=used,
         checksum=f"xxh3_64:{index:016x}",
         transfer="copy",
-        tier="remote",
+        tier=Tier.REMOTE.value,
     )
 
 

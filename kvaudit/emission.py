@@ -80,12 +80,13 @@ class EmitterStats:
     dropped_spans: int = 0
     failed_exports: int = 0
     exported_spans: int = 0
+    lost_batches: int = 0
 
 
 class Operation:
     """One kvaudit operation on one request: becomes one span when it ends."""
 
-    __slots__ = ("_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
+    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class Operation:
         op: Op,
         attrs: dict[str, Any],
         parent: SpanContext | None,
+        at_ns: int | None = None,
         start_ns: int | None = None,
     ) -> None:
         self._emitter = emitter
@@ -101,11 +103,16 @@ class Operation:
         self._pages: list[PageEvent] = []
         self._parent = parent
         self._ended = False
-        self._start = time.time_ns() if start_ns is None else start_ns
+        self._at = at_ns
+        if start_ns is None:
+            start_ns = time.time_ns() if at_ns is None else at_ns
+        self._start = start_ns
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
-        self._pages.append(PageEvent(page, time.time_ns() if time_ns is None else time_ns))
+        if time_ns is None:
+            time_ns = time.time_ns() if self._at is None else self._at
+        self._pages.append(PageEvent(page, time_ns))
 
     def end(
         self,
@@ -128,8 +135,9 @@ class Operation:
             _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
             attrs[SpanAttr.PAGES] = len(self._pages) if pages is None else pages
             attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
-            end = time.time_ns() if end_ns is None else end_ns
-            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end, self._parent, outcome)
+            if end_ns is None:
+                end_ns = time.time_ns() if self._at is None else self._at
+            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end_ns, self._parent, outcome)
         except Exception as exc:
             self._emitter._count_error(exc)
 
@@ -183,7 +191,8 @@ class Emitter:
         self._max_pages = max_pages_per_span
         self._telemetry_interval_ns = int(telemetry_interval_s * 1e9)
         self._errors = 0
-        self._reported: tuple[int, int, int] = (0, 0, 0)
+        self._lost_batches = 0
+        self._reported: tuple[int, int, int, int] = (0, 0, 0, 0)
         self._next_report_ns = 0
         self._random = random.Random()
 
@@ -194,7 +203,14 @@ class Emitter:
     @property
     def stats(self) -> EmitterStats:
         batcher = self._batcher.stats
-        return EmitterStats(self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans)
+        return EmitterStats(
+            self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans, self._lost_batches
+        )
+
+    def count_lost_batches(self, batches: int) -> None:
+        """Record upstream event batches known missed (reported in the next `kvaudit.telemetry` span)."""
+        self._lost_batches += batches
+        self._report_telemetry()
 
     def operation(
         self,
@@ -205,22 +221,30 @@ class Emitter:
         backend: str | None = None,
         tokens_requested: int | None = None,
         parent: SpanContext | None = None,
+        attributes: dict[str, Any] | None = None,
+        at_ns: int | None = None,
         start_ns: int | None = None,
     ) -> Operation:
         """Start an operation; the current span (if any) becomes its parent unless `parent` is given.
 
-        `start_ns` (and `end_ns`, `time_ns` further on) default to now; a simulator
-        passes its own clock so that simulated time travels through the real path.
+        `attributes` are further span attributes (names from the contract, e.g. the
+        evict reason). `at_ns` stamps an operation reported after the fact (an
+        engine's event stream, possibly replayed late) with the time it happened:
+        its span and pages carry that time, and it has no duration. `start_ns` (with
+        `end_ns` and each page's `time_ns` further on) stamps every instant on its own:
+        a simulator passes its clock, so that simulated time travels the real path.
         """
         try:
             attrs: dict[str, Any] = {SpanAttr.OP: op.value, SpanAttr.HOOK: str(hook)}
             _put(attrs, SpanAttr.REQUEST_ID, request_id)
             _put(attrs, SpanAttr.BACKEND, backend)
             _put(attrs, SpanAttr.TOKENS_REQUESTED, tokens_requested)
+            if attributes:
+                attrs.update(attributes)
             if parent is None:
                 current = trace.get_current_span().get_span_context()
                 parent = current if current.is_valid else None
-            return Operation(self, op, attrs, parent, start_ns)
+            return Operation(self, op, attrs, parent, at_ns, start_ns)
         except Exception as exc:
             self._count_error(exc)
             return _NoOperation()
@@ -283,7 +307,7 @@ class Emitter:
     def _report_telemetry(self, *, force: bool = False) -> None:
         """Emit a `kvaudit.telemetry` span when loss counts changed since the last one."""
         stats = self._batcher.stats
-        counts = (stats.dropped_spans, stats.failed_exports, self._errors)
+        counts = (stats.dropped_spans, stats.failed_exports, self._errors, self._lost_batches)
         now = time.time_ns()
         if counts == self._reported or (not force and now < self._next_report_ns):
             return
@@ -304,6 +328,7 @@ class Emitter:
                     TelemetryAttr.DROPPED_SPANS: counts[0],
                     TelemetryAttr.FAILED_EXPORTS: counts[1],
                     TelemetryAttr.ERRORS: counts[2],
+                    TelemetryAttr.LOST_BATCHES: counts[3],
                 },
                 start_time=now,
                 end_time=now,

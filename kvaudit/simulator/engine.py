@@ -16,13 +16,13 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
+from kvaudit.contract import EvictReason, Hook, KVConfig, Op, Outcome, PageDescriptor, SpanAttr, Tier
 from kvaudit.emission import Emitter, Operation, replica_resource, setup_emitter
 from kvaudit.simulator.faults import Faults, GroundTruth, Injector, write_ground_truth
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, ModelGeometry
@@ -39,8 +39,8 @@ GROUND_TRUTH_FILE: Final = "ground_truth.jsonl"
 TRACES_DIR: Final = "traces"  # beside the ground truth, so that a reader of the traces never sees it
 POOL_BACKEND: Final = "sim.pool"
 LOCAL_BACKEND: Final = "sim.local"
-TIER_POOL: Final = "remote"
-TIER_LOCAL: Final = "cpu"
+TIER_POOL: Final = Tier.REMOTE.value
+TIER_LOCAL: Final = Tier.CPU.value
 ENGINE: Final = "vllm"
 VERSION_BEFORE: Final = "0.25.0"
 VERSION_UPGRADED: Final = "0.26.0"  # the release that packed the KV layout (vLLM PR #44455)
@@ -309,7 +309,13 @@ class Simulation:
             store.end(tokens_stored=len(written) * self.config.page_tokens, end_ns=now + self._ns(seconds))
         for backend, entries in evicted.items():
             if entries:
-                evict = self._operation(replica, Op.EVICT, now, backend=backend)
+                evict = self._operation(
+                    replica,
+                    Op.EVICT,
+                    now,
+                    backend=backend,
+                    attributes={SpanAttr.EVICT_REASON: EvictReason.CAPACITY.value},
+                )
                 for entry in entries:
                     evict.add_page(entry.page, time_ns=now)
                 evict.end(end_ns=now)
@@ -389,6 +395,7 @@ class Simulation:
         *,
         backend: str = POOL_BACKEND,
         tokens_requested: int | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> Operation:
         """Start an operation on `replica`'s emitter, in simulated time, under the request's trace."""
         replica.spans += 1
@@ -401,6 +408,7 @@ class Simulation:
             backend=backend,
             tokens_requested=tokens_requested,
             parent=request.parent if request else None,
+            attributes=attributes,
             start_ns=start_ns,
         )
 
