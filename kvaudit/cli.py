@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
+    "kvaudit.commands.simulate",
 )
 
 
