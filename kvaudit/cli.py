@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
+    "kvaudit.commands.tui",
 )
 
 
