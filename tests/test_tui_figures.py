@@ -7,7 +7,7 @@ from pathlib import Path
 from msgspec.structs import replace
 
 from kvaudit.store import TraceStore
-from kvaudit.tui.figures import Analysis, compute_figures
+from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import window_named
 
 from .conftest import full_page
@@ -19,9 +19,7 @@ def test_replica_and_reuse_figures(fleet: Fleet, trace_dir: Path):
         fleet.conversation("r1", "r2", n)
     rejected = replace(full_page("ab" * 32, 0, used=False), layout="NB_2_BS_NH_HS")
     fleet.fetch("r2", "c9-t2", [rejected], requested_pages=1)
-    store = TraceStore([trace_dir], workers=1)
-    store.refresh()
-    figures = compute_figures(store, window_named("all"), skew_s=1.0, analysis=Analysis())
+    figures = LiveSource(TraceStore([trace_dir], workers=1), auditor=None).poll(window_named("all"))
     by_name = {r.replica: r for r in figures.replicas}
     assert set(by_name) == {"r1", "r2"}
     r2 = by_name["r2"]
@@ -36,3 +34,16 @@ def test_replica_and_reuse_figures(fleet: Fleet, trace_dir: Path):
     assert cells[("r1", "r2")].used_pages == 9
     assert cells[(None, "r2")].rejected_pages == 1
     assert figures.pages_loaded == 9 + 9 + 1
+
+
+def test_store_read_after_its_fetch_still_names_the_producer(fleet: Fleet, trace_dir: Path):
+    key = "5e" * 32
+    fleet.fetch("r2", "late-t2", [full_page(key, 0, used=True)], requested_pages=1)
+    source = LiveSource(TraceStore([trace_dir], workers=1), auditor=None, skew_s=1.0)
+    cells = {(c.producer, c.consumer) for c in source.poll(window_named("all")).reuse}
+    assert cells == {(None, "r2")}
+    # r1's clock runs half a second ahead: its store lands after the fetch, within the skew.
+    fleet.clock.advance(0.5)
+    fleet.store("r1", "late-t1", [key])
+    cells = {(c.producer, c.consumer) for c in source.poll(window_named("all")).reuse}
+    assert cells == {("r1", "r2")}

@@ -85,18 +85,18 @@ def compute_figures(
     store: TraceStore,
     window: Window,
     *,
-    skew_s: float,
     analysis: Analysis,
 ) -> Figures:
-    """Every panel's figures over `window`, with the findings and alerts known so far."""
+    """Every panel's figures over `window`, with the findings and alerts known so far.
+
+    The store must carry a `ProducerIndex` (the reuse figures read it).
+    """
     extent = _extent(store)
     analysed = vars(analysis)
     if extent.latest_ns is None or extent.earliest_ns is None:
         return Figures(window.name, None, None, extent.pages, extent.read_errors, **analysed)
     since = window.since_ns(extent.earliest_ns, extent.latest_ns)
-    reuse = tuple(
-        ReuseCell(*row) for row in _rows(store, "tui_reuse", since_ns=since, skew_ns=int(skew_s * 1e9))
-    )
+    reuse = tuple(ReuseCell(*row) for row in _rows(store, "tui_reuse", since_ns=since))
     bucket_ns = max(1, -(-(extent.latest_ns - since + 1) // SPARK_BUCKETS))
     activity: dict[str, list[int]] = defaultdict(lambda: [0] * SPARK_BUCKETS)
     for replica, bucket, tokens in _rows(store, "tui_activity", since_ns=since, bucket_ns=bucket_ns):

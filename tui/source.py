@@ -17,6 +17,7 @@ from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
 from kvaudit.tui.figures import Analysis, Figures, compute_figures
 from kvaudit.tui.findings import Auditor, FindingRow, finding_rows
+from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.window import Window
 
 NO_AUDITOR: Final = "auditor unavailable: the kvaudit auditor (kvaudit.audit) is not installed"
@@ -60,6 +61,7 @@ class LiveSource:
             alerts=None if alerting is None else (),
             alerts_note="" if alerting is not None else alerts_note,
         )
+        self._producers = ProducerIndex(store, skew_s=skew_s)
         self._rows = 0
         self._audited_rows = -1  # rows read when the findings were computed
         self._next_audit = 0.0
@@ -72,6 +74,7 @@ class LiveSource:
         """
         with self._lock:
             tables = self.store.refresh(final=final)
+            self._producers.add(tables.pages)
             self._rows += tables.spans.num_rows + tables.errors.num_rows
             return self._figures(window)
 
@@ -112,7 +115,7 @@ class LiveSource:
         return self._rows != self._audited_rows and self._clock() >= self._next_audit
 
     def _figures(self, window: Window) -> Figures:
-        return compute_figures(self.store, window, skew_s=self._skew_s, analysis=self._analysis)
+        return compute_figures(self.store, window, analysis=self._analysis)
 
 
 def snapshot(source: LiveSource, window: Window) -> dict[str, Any]:

@@ -1,0 +1,41 @@
+-- tui_ingest: keep the TUI's producer index current with newly read pages (statements, in order).
+--
+-- Question: which replica produced each fetched page, without re-joining every fetch to
+--           every store on each refresh?
+-- Parameters: $skew_ns (clock skew allowed between replicas, ns). Reads `tui_new_pages`
+--             (the rows of the `pages` view just read) into the temporary tables
+--             `tui_first_store` (key, producer, stored_ns: the earliest store of each key)
+--             and `tui_fetches` (one row per fetched page, with its producer: the replica
+--             of the earliest store of the key that precedes the fetch by at most the
+--             skew, NULL when none does).
+-- A store read after a fetch of the same key (another replica's file read later, or an
+-- earlier clock) re-resolves that key's fetches, so reading order never changes an answer.
+-- No primary key: maintaining its index costs more than the scans it would save here.
+CREATE TEMP TABLE IF NOT EXISTS tui_first_store (key VARCHAR, producer VARCHAR, stored_ns BIGINT);
+CREATE TEMP TABLE IF NOT EXISTS tui_fetches (
+    key VARCHAR, consumer VARCHAR, time_ns BIGINT, used BOOLEAN, tokens BIGINT, bytes BIGINT, producer VARCHAR
+);
+-- The keys whose earliest store is new or earlier than the one known.
+CREATE OR REPLACE TEMP TABLE tui_changed AS
+WITH batch AS (
+    SELECT key, arg_min(replica, time_ns) AS producer, min(time_ns) AS stored_ns
+    FROM tui_new_pages
+    WHERE op = 'store' AND key IS NOT NULL
+    GROUP BY key
+)
+SELECT b.key, b.producer, b.stored_ns
+FROM batch b
+LEFT JOIN tui_first_store f USING (key)
+WHERE f.stored_ns IS NULL OR b.stored_ns < f.stored_ns;
+DELETE FROM tui_first_store WHERE key IN (SELECT key FROM tui_changed);
+INSERT INTO tui_first_store SELECT key, producer, stored_ns FROM tui_changed;
+UPDATE tui_fetches
+SET producer = c.producer
+FROM tui_changed c
+WHERE tui_fetches.key = c.key AND c.stored_ns <= tui_fetches.time_ns + $skew_ns;
+INSERT INTO tui_fetches
+SELECT n.key, n.replica, n.time_ns, n.used, n.token_end - n.token_start, n.bytes,
+       CASE WHEN f.stored_ns <= n.time_ns + $skew_ns THEN f.producer END
+FROM tui_new_pages n
+LEFT JOIN tui_first_store f ON f.key = n.key
+WHERE n.op = 'fetch';
