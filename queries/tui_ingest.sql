@@ -3,18 +3,13 @@
 -- Question: which replica produced each fetched page, without re-joining every fetch to
 --           every store on each refresh?
 -- Parameters: $skew_ns (clock skew allowed between replicas, ns). Reads `tui_new_pages`
---             (the rows of the `pages` view just read) into the temporary tables
---             `tui_first_store` (key, producer, stored_ns: the earliest store of each key)
---             and `tui_fetches` (one row per fetched page, with its producer: the replica
---             of the earliest store of the key that precedes the fetch by at most the
---             skew, NULL when none does).
+--             (the rows of the `pages` view just read) into the tables of `tui_index`:
+--             `tui_first_store` (the earliest store of each key) and `tui_fetches` (one
+--             row per fetched page, with its producer: the replica of the earliest store
+--             of the key that precedes the fetch by at most the skew, NULL when none does).
+-- Only the index rows of keys in the batch are looked at, so a refresh costs what it reads.
 -- A store read after a fetch of the same key (another replica's file read later, or an
 -- earlier clock) re-resolves that key's fetches, so reading order never changes an answer.
--- No primary key: maintaining its index costs more than the scans it would save here.
-CREATE TEMP TABLE IF NOT EXISTS tui_first_store (key VARCHAR, producer VARCHAR, stored_ns BIGINT);
-CREATE TEMP TABLE IF NOT EXISTS tui_fetches (
-    key VARCHAR, consumer VARCHAR, time_ns BIGINT, used BOOLEAN, tokens BIGINT, bytes BIGINT, producer VARCHAR
-);
 -- The keys whose earliest store is new or earlier than the one known.
 CREATE OR REPLACE TEMP TABLE tui_changed AS
 WITH batch AS (
@@ -25,7 +20,7 @@ WITH batch AS (
 )
 SELECT b.key, b.producer, b.stored_ns
 FROM batch b
-LEFT JOIN tui_first_store f USING (key)
+LEFT JOIN (SELECT * FROM tui_first_store WHERE key IN (SELECT key FROM batch)) f USING (key)
 WHERE f.stored_ns IS NULL OR b.stored_ns < f.stored_ns;
 DELETE FROM tui_first_store WHERE key IN (SELECT key FROM tui_changed);
 INSERT INTO tui_first_store SELECT key, producer, stored_ns FROM tui_changed;
@@ -37,5 +32,7 @@ INSERT INTO tui_fetches
 SELECT n.key, n.replica, n.time_ns, n.used, n.token_end - n.token_start, n.bytes,
        CASE WHEN f.stored_ns <= n.time_ns + $skew_ns THEN f.producer END
 FROM tui_new_pages n
-LEFT JOIN tui_first_store f ON f.key = n.key
+LEFT JOIN (
+    SELECT * FROM tui_first_store WHERE key IN (SELECT key FROM tui_new_pages WHERE op = 'fetch')
+) f ON f.key = n.key
 WHERE n.op = 'fetch';

@@ -9,12 +9,7 @@
 --          fetch span durations), fetch_gbps (fetch bytes / fetch seconds / 1e9),
 --          p99_fetch_ms (99th percentile fetch span duration).
 -- Every replica that declared a resource has a row, active in the window or not.
-WITH windowed AS (
-    SELECT replica, op, request_id, tokens_requested, tokens_hit, bytes, end_ns - start_ns AS duration_ns
-    FROM spans
-    WHERE op IS NOT NULL AND end_ns >= $since_ns
-),
-per_replica AS (
+WITH per_replica AS (
     SELECT replica,
            count(DISTINCT request_id) AS requests,
            sum(tokens_requested) FILTER (WHERE op = 'fetch') AS tokens_requested,
@@ -22,7 +17,11 @@ per_replica AS (
            sum(bytes) FILTER (WHERE op = 'fetch') AS fetch_bytes,
            sum(duration_ns) FILTER (WHERE op = 'fetch') / 1e9 AS fetch_seconds,
            quantile_cont(duration_ns, 0.99) FILTER (WHERE op = 'fetch') / 1e6 AS p99_fetch_ms
-    FROM windowed
+    FROM (
+        SELECT replica, op, request_id, tokens_requested, tokens_hit, bytes, end_ns - start_ns AS duration_ns
+        FROM spans
+        WHERE op IS NOT NULL AND end_ns >= $since_ns
+    )
     GROUP BY replica
 )
 SELECT r.replica,
@@ -34,7 +33,6 @@ SELECT r.replica,
        coalesce(w.fetch_seconds, 0) AS fetch_seconds,
        w.fetch_bytes / nullif(w.fetch_seconds, 0) / 1e9 AS fetch_gbps,
        w.p99_fetch_ms
-FROM (SELECT DISTINCT replica FROM replicas WHERE replica IS NOT NULL
-      UNION SELECT DISTINCT replica FROM windowed WHERE replica IS NOT NULL) r
+FROM (SELECT DISTINCT replica FROM replicas WHERE replica IS NOT NULL) r
 LEFT JOIN per_replica w USING (replica)
 ORDER BY r.replica;

@@ -17,12 +17,19 @@ from kvaudit.named_queries import load
 from kvaudit.store import TraceStore
 
 _NEW_PAGES: Final = "tui_new_pages"
-# The statements of `tui_ingest`, in order; DuckDB binds parameters one statement at a time.
-_STATEMENTS: Final = [
-    statement
-    for chunk in load("tui_ingest").split(";\n")
-    if (statement := "\n".join(line for line in chunk.splitlines() if not line.startswith("--")).strip())
-]
+
+
+def _statements(name: str) -> list[str]:
+    """The statements of a named query file, in order: DuckDB binds parameters one statement at a time."""
+    chunks = (
+        "\n".join(line for line in chunk.splitlines() if not line.startswith("--")).strip()
+        for chunk in load(name).split(";\n")
+    )
+    return [chunk for chunk in chunks if chunk]
+
+
+_SCHEMA: Final = _statements("tui_index")
+_INGEST: Final = _statements("tui_ingest")
 
 
 class ProducerIndex:
@@ -36,6 +43,8 @@ class ProducerIndex:
     def __init__(self, store: TraceStore, *, skew_s: float) -> None:
         self._store = store
         self._skew_ns = int(skew_s * 1e9)
+        for statement in _SCHEMA:
+            store.con.execute(statement)
         store.con.execute(f"CREATE OR REPLACE TEMP VIEW {_NEW_PAGES} AS SELECT * FROM pages")
         self._ingest()
         store.con.execute(f"DROP VIEW {_NEW_PAGES}")
@@ -51,6 +60,6 @@ class ProducerIndex:
             self._store.con.unregister(_NEW_PAGES)
 
     def _ingest(self) -> None:
-        for statement in _STATEMENTS:
+        for statement in _INGEST:
             params = {"skew_ns": self._skew_ns} if "$skew_ns" in statement else None
             self._store.con.execute(statement, params)

@@ -65,6 +65,7 @@ class LiveSource:
         self._rows = 0
         self._audited_rows = -1  # rows read when the findings were computed
         self._next_audit = 0.0
+        self._last: Figures | None = None  # the latest figures computed
 
     def poll(self, window: Window, *, final: bool = False) -> Figures:
         """Read what was appended to the traces and compute the figures over `window`.
@@ -74,8 +75,11 @@ class LiveSource:
         """
         with self._lock:
             tables = self.store.refresh(final=final)
+            added = tables.spans.num_rows + tables.errors.num_rows
+            if added == 0 and self._last is not None and self._last.window == window.name:
+                return self._last  # nothing new: the same figures, without asking DuckDB again
             self._producers.add(tables.pages)
-            self._rows += tables.spans.num_rows + tables.errors.num_rows
+            self._rows += added
             return self._figures(window)
 
     def analyse(self, window: Window, *, force: bool = False) -> Figures | None:
@@ -115,7 +119,8 @@ class LiveSource:
         return self._rows != self._audited_rows and self._clock() >= self._next_audit
 
     def _figures(self, window: Window) -> Figures:
-        return compute_figures(self.store, window, analysis=self._analysis)
+        self._last = compute_figures(self.store, window, analysis=self._analysis)
+        return self._last
 
 
 def snapshot(source: LiveSource, window: Window) -> dict[str, Any]:
