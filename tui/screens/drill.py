@@ -26,6 +26,7 @@ _MARK_STYLE: Final = {
 }
 _MARK_NOTE: Final = {Mark.NAMED: "▶ finding", Mark.DIFFERS: "▶ differs", Mark.ABSENT: "one side", Mark.SAME: ""}
 _CONSUMER: Final = "consumer"
+_VALUE_WIDTH: Final = 40
 
 
 class DrillScreen(Screen[None]):
@@ -95,7 +96,9 @@ def _cells(row: FieldRow) -> tuple[Text, Text, Text, Text]:
 def _value(value: Any, style: str = "") -> Text:
     if value is None:
         return Text("absent", style="dim italic")
-    return Text(str(list(value)) if isinstance(value, tuple) else str(value), style=style)
+    text = str(list(value)) if isinstance(value, tuple) else str(value)
+    # Both sides must fit beside each other; a long value (a key) is whole in the summary above.
+    return Text(cells.short_key(text, _VALUE_WIDTH), style=style)
 
 
 def _subtitle(pair: DescriptorPair) -> str:
@@ -103,4 +106,5 @@ def _subtitle(pair: DescriptorPair) -> str:
         return "no fetched page with this span and key in the traces"
     if pair.stored is None:
         return "no store of this key precedes the fetch"
-    return f"{len(pair.differing)} fields differ or are named by the finding"
+    count = len(pair.differing)
+    return f"{count} field{'s' if count != 1 else ''} named by the finding or differing"

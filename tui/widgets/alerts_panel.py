@@ -31,9 +31,9 @@ class AlertsPanel(Static):
         if not figures.alerts:
             return Text("✓ nothing firing or pending", style="green")
         grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, min_width=9)
         grid.add_column(no_wrap=True)
-        grid.add_column(no_wrap=True)
-        grid.add_column()
+        grid.add_column(overflow="ellipsis")
         for alert in figures.alerts:
             grid.add_row(
                 Text(f" {alert.state.upper()} ", style=_STATE_STYLE.get(alert.state, "")),

@@ -13,6 +13,7 @@ from kvaudit.tui.figures import Figures, ReuseCell
 from kvaudit.tui.filtering import Filter
 
 NO_STORE: Final = "(no store)"
+_CORNER: Final = "producer ↓ consumer →"
 # Shares of the largest cell, from cold to hot; the diagonal (a replica reusing its own pages) stays neutral.
 _HEAT: Final = ((0.75, "bold white on dark_orange3"), (0.4, "white on orange4"), (0.1, "white on grey30"), (0, ""))
 
@@ -38,15 +39,21 @@ class ReuseMatrix(DataTable[Text]):
         producers = sorted({c.producer for c in reuse if c.producer is not None})
         if any(c.producer is None for c in reuse):
             producers.append(NO_STORE)
-        self.clear(columns=True)
-        self.add_column("producer ↓ consumer →", key="producer")
-        for consumer in consumers:
-            self.add_column(consumer, key=consumer)
         top = max((c.used_tokens for c in reuse if c.producer not in (None, c.consumer)), default=0)
         grid = {(c.producer or NO_STORE, c.consumer): c for c in reuse}
-        for producer in producers:
-            row = [_cell(grid.get((producer, consumer)), top, diagonal=producer == consumer) for consumer in consumers]
-            self.add_row(Text(producer, style="bold"), *row, key=producer)
+        rows = [
+            [Text(producer, style="bold")]
+            + [_cell(grid.get((producer, consumer)), top, diagonal=producer == consumer) for consumer in consumers]
+            for producer in producers
+        ]
+        labels = [_CORNER, *consumers]
+        self.clear(columns=True)
+        # Widths set here, not measured later on idle: the matrix is whole in every frame.
+        for i, label in enumerate(labels):
+            width = max([len(label), *(row[i].cell_len for row in rows)])
+            self.add_column(label, key=label, width=width)
+        for producer, row in zip(producers, rows):
+            self.add_row(*row, key=producer)
 
 
 def _cell(cell: ReuseCell | None, top: int, *, diagonal: bool) -> Text:
