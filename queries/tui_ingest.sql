@@ -3,13 +3,13 @@
 -- Question: which replica produced each fetched page, without re-joining every fetch to
 --           every store on each refresh?
 -- Parameters: $skew_ns (clock skew allowed between replicas, ns). Reads `tui_new_pages`
---             (the rows of the `pages` view just read) into the tables of `tui_index`:
---             `tui_first_store` (the earliest store of each key) and `tui_fetches` (one
---             row per fetched page, with its producer: the replica of the earliest store
---             of the key that precedes the fetch by at most the skew, NULL when none does).
+--             (the rows of the `pages` view just read) into the tables of `tui_index`.
+--             A fetch's producer is the replica of the earliest store of its key that
+--             precedes it by at most the skew, NULL when none does.
 -- Only the index rows of keys in the batch are looked at, so a refresh costs what it reads.
 -- A store read after a fetch of the same key (another replica's file read later, or an
 -- earlier clock) re-resolves that key's fetches, so reading order never changes an answer.
+
 -- The keys whose earliest store is new or earlier than the one known.
 CREATE OR REPLACE TEMP TABLE tui_changed AS
 WITH batch AS (
@@ -24,15 +24,43 @@ LEFT JOIN (SELECT * FROM tui_first_store WHERE key IN (SELECT key FROM batch)) f
 WHERE f.stored_ns IS NULL OR b.stored_ns < f.stored_ns;
 DELETE FROM tui_first_store WHERE key IN (SELECT key FROM tui_changed);
 INSERT INTO tui_first_store SELECT key, producer, stored_ns FROM tui_changed;
+
+-- Fetches read before whose producer now changes: off the old producer, onto the new one.
+CREATE OR REPLACE TEMP TABLE tui_moved AS
+SELECT t.*, c.producer AS new_producer
+FROM tui_fetches t
+JOIN tui_changed c ON t.key = c.key
+WHERE c.stored_ns <= t.time_ns + $skew_ns AND t.producer IS DISTINCT FROM c.producer;
+INSERT INTO tui_reuse_ledger
+SELECT producer, consumer, time_ns // 1_000_000_000, -count(*), -count(*) FILTER (WHERE used),
+       -count(*) FILTER (WHERE NOT used), -coalesce(sum(tokens) FILTER (WHERE used), 0),
+       -coalesce(sum(bytes) FILTER (WHERE used), 0)
+FROM tui_moved
+GROUP BY ALL;
+INSERT INTO tui_reuse_ledger
+SELECT new_producer, consumer, time_ns // 1_000_000_000, count(*), count(*) FILTER (WHERE used),
+       count(*) FILTER (WHERE NOT used), coalesce(sum(tokens) FILTER (WHERE used), 0),
+       coalesce(sum(bytes) FILTER (WHERE used), 0)
+FROM tui_moved
+GROUP BY ALL;
 UPDATE tui_fetches
 SET producer = c.producer
 FROM tui_changed c
 WHERE tui_fetches.key = c.key AND c.stored_ns <= tui_fetches.time_ns + $skew_ns;
-INSERT INTO tui_fetches
-SELECT n.key, n.replica, n.time_ns, n.used, n.token_end - n.token_start, n.bytes,
-       CASE WHEN f.stored_ns <= n.time_ns + $skew_ns THEN f.producer END
+
+-- The new fetches, resolved against the stores known now (this batch's included).
+CREATE OR REPLACE TEMP TABLE tui_batch_fetches AS
+SELECT n.key, n.replica AS consumer, n.time_ns, n.used, n.token_end - n.token_start AS tokens, n.bytes,
+       CASE WHEN f.stored_ns <= n.time_ns + $skew_ns THEN f.producer END AS producer
 FROM tui_new_pages n
 LEFT JOIN (
     SELECT * FROM tui_first_store WHERE key IN (SELECT key FROM tui_new_pages WHERE op = 'fetch')
 ) f ON f.key = n.key
 WHERE n.op = 'fetch';
+INSERT INTO tui_fetches SELECT * FROM tui_batch_fetches;
+INSERT INTO tui_reuse_ledger
+SELECT producer, consumer, time_ns // 1_000_000_000, count(*), count(*) FILTER (WHERE used),
+       count(*) FILTER (WHERE NOT used), coalesce(sum(tokens) FILTER (WHERE used), 0),
+       coalesce(sum(bytes) FILTER (WHERE used), 0)
+FROM tui_batch_fetches
+GROUP BY ALL;
