@@ -133,3 +133,12 @@ def test_usage_errors_are_one_line(argv: list[str], message: str, capsys):
     assert main(["tui", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_snapshot_of_an_ingested_database(fleet: Fleet, trace_dir: Path, tmp_path: Path, capsys):
+    fleet.conversation("r1", "r2", 0)
+    database = str(tmp_path / "traces.duckdb")
+    assert main(["ingest", str(trace_dir), "-o", database, "-q"]) == 0
+    capsys.readouterr()
+    figures = snapshot_json(capsys, database)
+    assert [(c["producer"], c["consumer"], c["used_pages"]) for c in figures["reuse"]] == [("r1", "r2", 3)]

@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _store(paths: list[str], *, one_shot: bool) -> TraceStore:
-    if one_shot:
-        return open_store(paths)
-    # A live store decodes in this process: forking decoders from the app's threads is unsafe.
+    if one_shot or any(path.endswith(".duckdb") for path in paths):
+        return open_store(paths)  # read whole now (in parallel), or a database written by `kvaudit ingest`
+    # A live store reads in the app's worker thread, in this process: forking decoders from
+    # a process with threads can deadlock them, and the app must show before a long first read ends.
     return TraceStore(paths, workers=1)
