@@ -106,6 +106,18 @@ def test_drill_down_screen(snap_compare, fleet: Fleet, trace_dir: Path):
     assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, drill))
 
 
+def test_drill_down_against_the_consumer(snap_compare, fleet: Fleet, trace_dir: Path):
+    """The second finding compares with the consumer's own configuration: a consumer column shows."""
+
+    async def drill(pilot: Pilot) -> None:
+        await pilot.press("down", "enter")
+        await until(lambda: isinstance(pilot.app.screen, DrillScreen))
+        await until(lambda: pilot.app.screen.query_one("DataTable").row_count > 0)
+
+    app = snapshot_app(trace_dir, busy_fleet(fleet))
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, drill))
+
+
 def test_filtered_and_paused(snap_compare, fleet: Fleet, trace_dir: Path):
     async def filter_and_pause(pilot: Pilot) -> None:
         await pilot.press("slash", *"replica:r3", "enter", "p")

@@ -63,10 +63,12 @@ class DrillScreen(Screen[None]):
 
     def _show(self, pair: DescriptorPair) -> None:
         table = self.query_one(DataTable)
-        consumer = any(_CONSUMER in sides for sides in self.finding.fields.values())
-        table.add_columns("field", "", "fetched", "stored", *((_CONSUMER,) if consumer else ()))
+        # The consumer's own values, where the finding compares against them (KVA005).
+        consumer = {name: sides[_CONSUMER] for name, sides in self.finding.fields.items() if _CONSUMER in sides}
+        shown = any(row.name in consumer for row in pair.rows)
+        table.add_columns("field", "", "fetched", "stored", *((_CONSUMER,) if shown else ()))
         for row in pair.rows:
-            extra = (_value(self.finding.fields.get(row.name, {}).get(_CONSUMER)),) if consumer else ()
+            extra = (_value(consumer[row.name]) if row.name in consumer else Text(""),) if shown else ()
             table.add_row(*_cells(row), *extra, key=row.name)
         box = self.query_one("#descriptors", Vertical)
         box.border_subtitle = _subtitle(pair)
