@@ -25,24 +25,12 @@ WHERE f.stored_ns IS NULL OR b.stored_ns < f.stored_ns;
 DELETE FROM tui_first_store WHERE key IN (SELECT key FROM tui_changed);
 INSERT INTO tui_first_store SELECT key, producer, stored_ns FROM tui_changed;
 
--- Fetches read before whose producer now changes: off the old producer, onto the new one.
+-- Fetches read before whose producer now changes.
 CREATE OR REPLACE TEMP TABLE tui_moved AS
 SELECT t.*, c.producer AS new_producer
 FROM tui_fetches t
 JOIN tui_changed c ON t.key = c.key
 WHERE c.stored_ns <= t.time_ns + $skew_ns AND t.producer IS DISTINCT FROM c.producer;
-INSERT INTO tui_reuse_ledger
-SELECT producer, consumer, time_ns // 1_000_000_000, -count(*), -count(*) FILTER (WHERE used),
-       -count(*) FILTER (WHERE NOT used), -coalesce(sum(tokens) FILTER (WHERE used), 0),
-       -coalesce(sum(bytes) FILTER (WHERE used), 0)
-FROM tui_moved
-GROUP BY ALL;
-INSERT INTO tui_reuse_ledger
-SELECT new_producer, consumer, time_ns // 1_000_000_000, count(*), count(*) FILTER (WHERE used),
-       count(*) FILTER (WHERE NOT used), coalesce(sum(tokens) FILTER (WHERE used), 0),
-       coalesce(sum(bytes) FILTER (WHERE used), 0)
-FROM tui_moved
-GROUP BY ALL;
 UPDATE tui_fetches
 SET producer = c.producer
 FROM tui_changed c
@@ -58,9 +46,16 @@ LEFT JOIN (
 ) f ON f.key = n.key
 WHERE n.op = 'fetch';
 INSERT INTO tui_fetches SELECT * FROM tui_batch_fetches;
+-- Counts by second: moved fetches off their old producer and onto the new one, new fetches on theirs.
 INSERT INTO tui_reuse_ledger
-SELECT producer, consumer, time_ns // 1_000_000_000, count(*), count(*) FILTER (WHERE used),
-       count(*) FILTER (WHERE NOT used), coalesce(sum(tokens) FILTER (WHERE used), 0),
-       coalesce(sum(bytes) FILTER (WHERE used), 0)
-FROM tui_batch_fetches
+SELECT producer, consumer, time_ns // 1_000_000_000, sum(sign), coalesce(sum(sign) FILTER (WHERE used), 0),
+       coalesce(sum(sign) FILTER (WHERE NOT used), 0), coalesce(sum(sign * tokens) FILTER (WHERE used), 0),
+       coalesce(sum(sign * bytes) FILTER (WHERE used), 0)
+FROM (
+    SELECT producer, consumer, time_ns, used, tokens, bytes, -1 AS sign FROM tui_moved
+    UNION ALL
+    SELECT new_producer, consumer, time_ns, used, tokens, bytes, 1 FROM tui_moved
+    UNION ALL
+    SELECT producer, consumer, time_ns, used, tokens, bytes, 1 FROM tui_batch_fetches
+)
 GROUP BY ALL;

@@ -96,26 +96,26 @@ def test_main_screen_without_auditor(snap_compare, fleet: Fleet, trace_dir: Path
     assert snap_compare(app, terminal_size=SIZE, run_before=loaded(0), press=["4"])
 
 
-def test_drill_down_screen(snap_compare, fleet: Fleet, trace_dir: Path):
+def drill_into(*keys: str) -> Callable[[Pilot], Awaitable[None]]:
+    """Select a finding with `keys`, open it, and wait for its descriptors."""
+
     async def drill(pilot: Pilot) -> None:
-        await pilot.press("enter")
+        await pilot.press(*keys, "enter")
         await until(lambda: isinstance(pilot.app.screen, DrillScreen))
         await until(lambda: pilot.app.screen.query_one("DataTable").row_count > 0)
 
+    return drill
+
+
+def test_drill_down_screen(snap_compare, fleet: Fleet, trace_dir: Path):
     app = snapshot_app(trace_dir, busy_fleet(fleet))
-    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, drill))
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, drill_into()))
 
 
 def test_drill_down_against_the_consumer(snap_compare, fleet: Fleet, trace_dir: Path):
     """The second finding compares with the consumer's own configuration: a consumer column shows."""
-
-    async def drill(pilot: Pilot) -> None:
-        await pilot.press("down", "enter")
-        await until(lambda: isinstance(pilot.app.screen, DrillScreen))
-        await until(lambda: pilot.app.screen.query_one("DataTable").row_count > 0)
-
     app = snapshot_app(trace_dir, busy_fleet(fleet))
-    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, drill))
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, drill_into("down")))
 
 
 def test_filtered_and_paused(snap_compare, fleet: Fleet, trace_dir: Path):
