@@ -19,6 +19,8 @@ from kvaudit import __version__
 # Command modules, in the order `kvaudit --help` lists them.
 COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
+    "kvaudit.commands.audit",
+    "kvaudit.commands.report",
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
