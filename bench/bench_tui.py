@@ -21,6 +21,7 @@ from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emission import Emitter, setup_emitter
 from kvaudit.store import TraceStore
 from kvaudit.tui.figures import Analysis, compute_figures
+from kvaudit.tui.findings import installed_auditor
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import WINDOWS
 
@@ -107,8 +108,21 @@ def main() -> None:
                 f" CPU {statistics.median(cpu):6.1f} ms (figures alone {figures_only:6.1f} ms;"
                 f" goal < {GOAL_MS:.0f} ms: {verdict})"
             )
+        _audit(store)
         emitter.shutdown()
         source.close()
+
+
+def _audit(store: TraceStore) -> None:
+    """The auditor's pass over the same store: the TUI runs it in its worker, at most every few seconds."""
+    auditor = installed_auditor(skew_s=1.0)
+    if auditor is None:
+        print("audit: the auditor (kvaudit.audit) is not installed")
+        return
+    started = time.perf_counter()
+    findings = auditor(store)
+    seconds = time.perf_counter() - started
+    print(f"audit: {len(findings):,} findings in {seconds:.1f} s (in its own worker and connection, not per refresh)")
 
 
 def _emit(emitter: Emitter, n: int) -> None:

@@ -6,6 +6,7 @@ worker threads; a lock keeps the store to one thread at a time.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,10 @@ class LiveSource:
         self._audit_interval_s = audit_interval_s
         self._clock = clock
         self._lock = threading.Lock()
+        # The auditor reads through its own DuckDB connection to the same database, so a long
+        # audit runs beside the refreshes instead of holding them up.
+        self._audit_store = copy.copy(store)
+        self._audit_store.con = store.con.cursor()
         self._analysis = Analysis(
             findings=None if auditor is None else (),
             findings_note="" if auditor is not None else NO_AUDITOR,
@@ -85,15 +90,18 @@ class LiveSource:
     def analyse(self, window: Window, *, force: bool = False) -> Figures | None:
         """Audit (when new rows arrived and the interval passed) and evaluate the alert rules.
 
+        Call it from one thread at a time; `poll` may run meanwhile.
+
         Returns:
             The figures with what changed, or None when nothing did.
         """
+        findings = None
+        if self._auditor is not None and (force or self._audit_due()):
+            self._audited_rows = self._rows
+            findings = finding_rows(self._auditor(self._audit_store))
+            self._next_audit = self._clock() + self._audit_interval_s
         with self._lock:
-            analysis = self._analysis
-            if self._auditor is not None and (force or self._audit_due()):
-                self._audited_rows = self._rows
-                self._next_audit = self._clock() + self._audit_interval_s
-                analysis = replace(analysis, findings=finding_rows(self._auditor(self.store)))
+            analysis = self._analysis if findings is None else replace(self._analysis, findings=findings)
             if self._alerting is not None:
                 analysis = replace(analysis, alerts=self._alerting(self.store))
             if analysis == self._analysis:
@@ -113,6 +121,7 @@ class LiveSource:
 
     def close(self) -> None:
         with self._lock:
+            self._audit_store.con.close()
             self.store.close()
 
     def _audit_due(self) -> bool:

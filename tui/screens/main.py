@@ -96,19 +96,34 @@ class MainScreen(Screen[None]):
     # --- reading ------------------------------------------------------------------
 
     def _tick(self) -> None:
-        if not self.paused and not any(w.group == "read" and not w.is_finished for w in self.workers):
+        if self.paused:
+            return
+        if not self._busy("read"):
             self._read()
+        if not self._busy("analyse"):
+            self._analyse()
+
+    def _busy(self, group: str) -> bool:
+        return any(w.group == group and not w.is_finished for w in self.workers)
 
     @work(thread=True, group="read", exit_on_error=False)
     def _read(self, read: bool = True) -> None:
         window = window_named(self.window)
         try:
             self.app.call_from_thread(self._show, self.source.poll(window) if read else self.source.figures(window))
-            analysed = self.source.analyse(window) if read else None
-            if analysed is not None:
-                self.app.call_from_thread(self._show, analysed)
         except (duckdb.Error, OSError, ValueError) as exc:
             self.app.call_from_thread(self.notify, f"reading the traces failed: {exc}", severity="error")
+
+    # The audit and the alert rules may take seconds over large traces: a worker of their own.
+    @work(thread=True, group="analyse", exit_on_error=False)
+    def _analyse(self) -> None:
+        try:
+            analysed = self.source.analyse(window_named(self.window))
+        except (duckdb.Error, OSError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, f"auditing the traces failed: {exc}", severity="error")
+            return
+        if analysed is not None:
+            self.app.call_from_thread(self._show, analysed)
 
     def _show(self, figures: Figures) -> None:
         # A result computed for a window the user has since left is dropped, not shown.
