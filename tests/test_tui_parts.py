@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from kvaudit.audit import Finding
 from kvaudit.tui import cells
 from kvaudit.tui.descriptors import Mark, compare
 from kvaudit.tui.figures import ReuseCell
 from kvaudit.tui.filtering import Filter
 from kvaudit.tui.findings import FindingRow, finding_rows
 from kvaudit.tui.window import window_named
-
-from .tui_auditor import Finding
 
 
 def finding(code: str, severity: str, replica: str, key: str, rule: str = "store-fetch-mismatch") -> Finding:

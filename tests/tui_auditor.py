@@ -9,23 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvaudit.audit import Finding
 from kvaudit.store import TraceStore
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    rule: str
-    severity: str
-    replica: str | None
-    key: str | None
-    trace_id: str | None
-    span_id: str | None
-    fields: dict[str, Any] | list[str]
-    message: str
-    producer: str | None = None
-    file: str | None = None
-    line: int | None = None
 
 
 @dataclass
