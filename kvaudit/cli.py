@@ -25,6 +25,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
     "kvaudit.commands.simulate",
+    "kvaudit.commands.tui",
 )
 
 

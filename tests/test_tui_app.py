@@ -1,0 +1,186 @@
+"""The live app, driven by Textual's pilot over trace files that grow while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from msgspec.structs import replace
+
+from kvaudit.store import TraceStore
+from kvaudit.tui.app import KvauditApp
+from kvaudit.tui.screens.drill import DrillScreen
+from kvaudit.tui.source import LiveSource
+from kvaudit.tui.widgets.findings_table import FindingsTable
+from kvaudit.tui.widgets.replica_table import ReplicaTable
+
+from .conftest import full_page
+from .tui_auditor import Planted, ScriptedAuditor
+from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+
+BAD_KEY = "bad0" * 16
+PACKED, UNPACKED = "NB_NH_BS_2HS", "NB_2_BS_NH_HS"
+
+
+def planted_layout_mismatch() -> Planted:
+    return Planted(
+        key=BAD_KEY,
+        code="KVA004",
+        rule="store-fetch-mismatch",
+        severity="critical",
+        fields={"layout": {"fetched": UNPACKED, "stored": PACKED}},
+        message="fetched page layout differs from the stored one",
+        producer="r1",
+    )
+
+
+def live_app(trace_dir: Path, auditor: ScriptedAuditor | None) -> KvauditApp:
+    source = LiveSource(TraceStore([trace_dir], workers=1), auditor=auditor, audit_interval_s=0)
+    return KvauditApp(source, watching=str(trace_dir), interval_s=0.25)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait for the app to catch up (it reads in a worker thread)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the app did not get there in time")
+        await asyncio.sleep(0.05)
+
+
+def replicas_shown(app: KvauditApp) -> list[str]:
+    table = app.query_one(ReplicaTable)
+    return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+
+def plant_bad_fetch(fleet: Fleet) -> None:
+    fleet.store("r1", "bad-t1", [BAD_KEY])
+    fleet.clock.advance(0.5)
+    misread = replace(full_page(BAD_KEY, 0, used=True), layout=UNPACKED)
+    fleet.fetch("r2", "bad-t2", [misread], requested_pages=1)
+
+
+def test_rows_appear_as_the_files_grow(fleet: Fleet, trace_dir: Path):
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        app = live_app(trace_dir, ScriptedAuditor())
+        async with app.run_test(size=(150, 45)):
+            await until(lambda: replicas_shown(app) == ["r1", "r2"])
+            fleet.conversation("r1", "r3", 1)
+            await until(lambda: "r3" in replicas_shown(app))
+            assert app.main.figures is not None
+            r3 = next(r for r in app.main.figures.replicas if r.replica == "r3")
+            assert r3.cross_replica_hit_tokens == 3 * 32
+
+    asyncio.run(scenario())
+
+
+def test_critical_finding_shows_and_drills_down(fleet: Fleet, trace_dir: Path):
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        app = live_app(trace_dir, ScriptedAuditor([planted_layout_mismatch()]))
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(lambda: app.main.figures is not None and app.main.figures.findings == ())
+            plant_bad_fetch(fleet)
+            findings = app.query_one(FindingsTable)
+            await until(lambda: findings.row_count == 1)
+            r2 = next(r for r in app.main.figures.replicas if r.replica == "r2")
+            assert r2.critical_findings == 1
+            assert "CRITICAL" in str(findings.get_row_at(0)[0])
+
+            await pilot.press("enter")
+            await until(lambda: isinstance(app.screen, DrillScreen))
+            drill = app.screen
+            await until(lambda: drill.query_one("DataTable").row_count > 0)
+            table = drill.query_one("DataTable")
+            layout = table.get_row("layout")
+            assert [str(c) for c in layout] == ["layout", "▶ finding", UNPACKED, PACKED]
+            assert [str(c) for c in table.get_row("model")] == ["model", "", "tiny-llama", "tiny-llama"]
+
+            await pilot.press("escape")
+            await until(lambda: not isinstance(app.screen, DrillScreen))
+
+    asyncio.run(scenario())
+
+
+def test_filter_narrows_every_panel(fleet: Fleet, trace_dir: Path):
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        fleet.conversation("r1", "r3", 1)
+        plant_bad_fetch(fleet)
+        app = live_app(trace_dir, ScriptedAuditor([planted_layout_mismatch()]))
+        async with app.run_test(size=(150, 45)) as pilot:
+            findings = app.query_one(FindingsTable)
+            await until(lambda: replicas_shown(app) == ["r1", "r2", "r3"] and findings.row_count == 1)
+
+            await pilot.press("slash", *"replica:r3", "enter")
+            await until(lambda: replicas_shown(app) == ["r3"])
+            assert findings.row_count == 0
+
+            await pilot.press("slash", *"rule:KVA004", "enter")
+            await until(lambda: replicas_shown(app) == ["r1", "r2", "r3"] and findings.row_count == 1)
+            await pilot.press("slash", *"rule:KVA001", "enter")
+            await until(lambda: findings.row_count == 0)
+
+            await pilot.press("escape")
+            await until(lambda: findings.row_count == 1 and not app.main.view_filter)
+
+    asyncio.run(scenario())
+
+
+def test_pause_freezes_the_view_until_resumed(fleet: Fleet, trace_dir: Path):
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        app = live_app(trace_dir, ScriptedAuditor())
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(lambda: replicas_shown(app) == ["r1", "r2"])
+            await pilot.press("p")
+            fleet.conversation("r1", "r4", 1)
+            await asyncio.sleep(0.5)
+            assert replicas_shown(app) == ["r1", "r2"]
+            assert "PAUSED" in str(app.query_one("StatusBar").render())
+            await pilot.press("p")
+            await until(lambda: "r4" in replicas_shown(app))
+
+    asyncio.run(scenario())
+
+
+def test_window_and_sort_keys(fleet: Fleet, trace_dir: Path):
+    async def scenario() -> None:
+        for n in range(3):
+            fleet.conversation("r1", "r2", n)
+        fleet.clock.advance(600)  # ten quiet minutes, then one more conversation
+        fleet.conversation("r3", "r1", 3)
+        app = live_app(trace_dir, None)
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(lambda: app.main.figures is not None and app.main.figures.window == "5m")
+            assert next(r for r in app.main.figures.replicas if r.replica == "r2").requests == 0
+            await pilot.press("4")
+            await until(lambda: app.main.figures.window == "all")
+            assert next(r for r in app.main.figures.replicas if r.replica == "r2").requests == 3
+            assert "auditor unavailable" in str(app.query_one("#findings").border_title)
+
+            table = app.query_one(ReplicaTable)
+            table.focus()
+            await pilot.press("s")  # replica name → requests, busiest first
+            await until(lambda: replicas_shown(app)[0] in ("r1", "r2") and table.sort_index == 1)
+            assert replicas_shown(app)[-1] == "r3"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("key", ["question_mark"])
+def test_help_opens_and_closes(fleet: Fleet, trace_dir: Path, key: str):
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        app = live_app(trace_dir, None)
+        async with app.run_test(size=(150, 45)) as pilot:
+            await pilot.press(key)
+            await until(lambda: type(app.screen).__name__ == "HelpScreen")
+            await pilot.press("escape")
+            await until(lambda: app.screen is app.main)
+            await pilot.press("q")
+
+    asyncio.run(scenario())

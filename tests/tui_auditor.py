@@ -1,0 +1,48 @@
+"""A scripted stand-in for the auditor: it reports the pages a test planted, once they are read.
+
+The TUI shows findings, it does not compute them; these tests check the showing,
+so the findings come from the test's own knowledge of what it planted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvaudit.audit import Finding
+from kvaudit.store import TraceStore
+
+
+@dataclass
+class Planted:
+    """A fetched page the test made bad, and the finding the real auditor would raise for it."""
+
+    key: str
+    code: str
+    rule: str
+    severity: str
+    fields: dict[str, Any] | list[str]
+    message: str
+    producer: str | None = None
+
+
+@dataclass
+class ScriptedAuditor:
+    planted: list[Planted] = field(default_factory=list)
+    calls: int = 0
+
+    def __call__(self, store: TraceStore) -> list[Finding]:
+        self.calls += 1
+        findings = []
+        for plant in self.planted:
+            _, rows = store.query(
+                "SELECT replica, trace_id, span_id FROM pages WHERE op = 'fetch' AND key = $key", {"key": plant.key}
+            )
+            findings += [
+                Finding(
+                    plant.code, plant.rule, plant.severity, replica, plant.key, trace_id, span_id,
+                    plant.fields, plant.message, plant.producer,
+                )
+                for replica, trace_id, span_id in rows
+            ]
+        return findings

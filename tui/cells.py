@@ -1,0 +1,59 @@
+"""How figures read in a cell: numbers with units, sparklines, severities (Rich text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from rich.text import Text
+
+_BARS: Final = "▁▂▃▄▅▆▇█"
+SEVERITY_STYLE: Final = {"critical": "bold white on red", "warning": "black on yellow", "info": "black on grey70"}
+NONE: Final = Text("–", style="dim")
+
+
+def sparkline(values: Sequence[int]) -> Text:
+    """One bar per value, scaled to the largest; zero is a blank bar, so idleness shows."""
+    top = max(values, default=0)
+    if top <= 0:
+        return Text(" " * len(values), style="on grey15")
+    bars = "".join(" " if v <= 0 else _BARS[min(len(_BARS) - 1, v * len(_BARS) // (top + 1))] for v in values)
+    return Text(bars, style="green on grey15")
+
+
+def count(value: int) -> Text:
+    """An integer with a k/M/G suffix past four digits."""
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= 10 * factor:
+            return Text(f"{value / factor:.1f}{suffix}")
+    return Text(str(value), style="dim" if value == 0 else "")
+
+
+def percent(value: float | None) -> Text:
+    if value is None:
+        return NONE
+    style = "green" if value >= 0.5 else "yellow" if value >= 0.2 else "red"
+    return Text(f"{value:.1%}", style=style)
+
+
+def number(value: float | None, unit: str, digits: int = 2) -> Text:
+    if value is None:
+        return NONE
+    return Text(f"{value:.{digits}f} {unit}")
+
+
+def alarm(value: int | None, *, style: str) -> Text:
+    """A count that should be zero: styled when it is not, `n/a` when unknown."""
+    if value is None:
+        return Text("n/a", style="dim")
+    return Text(str(value), style=style if value else "dim")
+
+
+def severity(name: str) -> Text:
+    return Text(f" {name.upper():<8} ", style=SEVERITY_STYLE.get(name, ""))
+
+
+def short_key(key: str | None, width: int = 16) -> str:
+    if key is None:
+        return "–"
+    return key if len(key) <= width else key[: width - 1] + "…"

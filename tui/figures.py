@@ -1,0 +1,134 @@
+"""The figures every panel shows, computed by the named `tui_*` queries over a store.
+
+`Figures` is one consistent picture at one moment: the panels render it and
+`--snapshot` prints it, so the screen and the JSON can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from kvaudit.named_queries import load
+from kvaudit.store import TraceStore
+from kvaudit.tui.alerting import AlertRow
+from kvaudit.tui.findings import CRITICAL, FindingRow
+from kvaudit.tui.window import Window
+
+SPARK_BUCKETS: Final = 24
+_QUERIES: Final = {name: load(name) for name in ("tui_replicas", "tui_reuse", "tui_activity")}
+
+
+@dataclass(frozen=True)
+class ReplicaFigures:
+    replica: str
+    requests: int
+    hit_rate: float | None
+    cross_replica_hit_tokens: int
+    fetch_gbps: float | None
+    p99_fetch_ms: float | None
+    rejected_pages: int
+    critical_findings: int | None  # None: no auditor
+    activity: tuple[int, ...]  # tokens hit per time bucket over the window, oldest first
+
+
+@dataclass(frozen=True)
+class ReuseCell:
+    producer: str | None  # None: no earlier store of the key was seen
+    consumer: str
+    pages: int
+    used_pages: int
+    rejected_pages: int
+    used_tokens: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the auditor and the alerting engine said last; a None list comes with its note."""
+
+    findings: tuple[FindingRow, ...] | None = None
+    findings_note: str = ""
+    alerts: tuple[AlertRow, ...] | None = None
+    alerts_note: str = ""
+
+
+@dataclass(frozen=True)
+class Figures:
+    window: str
+    since_ns: int | None
+    latest_ns: int | None
+    pages_loaded: int
+    read_errors: int
+    replicas: tuple[ReplicaFigures, ...] = ()
+    reuse: tuple[ReuseCell, ...] = ()
+    findings: tuple[FindingRow, ...] | None = None  # None: no auditor (findings_note says why)
+    findings_note: str = ""
+    alerts: tuple[AlertRow, ...] | None = None  # None: no alerting (alerts_note says why)
+    alerts_note: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Extent:
+    earliest_ns: int | None
+    latest_ns: int | None
+    pages: int
+    read_errors: int
+
+
+def compute_figures(
+    store: TraceStore,
+    window: Window,
+    *,
+    analysis: Analysis,
+) -> Figures:
+    """Every panel's figures over `window`, with the findings and alerts known so far.
+
+    The store must carry a `ProducerIndex` (the reuse figures read it).
+    """
+    extent = _extent(store)
+    analysed = vars(analysis)
+    if extent.latest_ns is None or extent.earliest_ns is None:
+        return Figures(window.name, None, None, extent.pages, extent.read_errors, **analysed)
+    since = window.since_ns(extent.earliest_ns, extent.latest_ns)
+    reuse = tuple(ReuseCell(*row) for row in _rows(store, "tui_reuse", since_ns=since))
+    bucket_ns = max(1, -(-(extent.latest_ns - since + 1) // SPARK_BUCKETS))
+    activity: dict[str, list[int]] = defaultdict(lambda: [0] * SPARK_BUCKETS)
+    for replica, bucket, tokens in _rows(store, "tui_activity", since_ns=since, bucket_ns=bucket_ns):
+        activity[replica][min(bucket, SPARK_BUCKETS - 1)] += int(tokens)
+    critical: dict[str | None, int] = defaultdict(int)
+    findings = analysis.findings
+    for finding in findings or ():
+        critical[finding.replica] += finding.severity == CRITICAL
+    replicas = tuple(
+        ReplicaFigures(
+            replica=replica,
+            requests=int(requests),
+            hit_rate=hit_rate,
+            cross_replica_hit_tokens=sum(
+                c.used_tokens for c in reuse if c.consumer == replica and c.producer not in (None, replica)
+            ),
+            fetch_gbps=gbps,
+            p99_fetch_ms=p99,
+            rejected_pages=sum(c.rejected_pages for c in reuse if c.consumer == replica),
+            critical_findings=None if findings is None else critical[replica],
+            activity=tuple(activity[replica]),
+        )
+        for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(store, "tui_replicas", since_ns=since)
+    )
+    return Figures(window.name, since, extent.latest_ns, extent.pages, extent.read_errors, replicas, reuse, **analysed)
+
+
+def _extent(store: TraceStore) -> _Extent:
+    _, [(earliest, latest)] = store.query("SELECT min(start_ns), max(end_ns) FROM spans WHERE op IS NOT NULL")
+    _, [(pages, errors)] = store.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")
+    return _Extent(earliest, latest, pages, errors)
+
+
+def _rows(store: TraceStore, name: str, **params: int) -> Sequence[tuple[Any, ...]]:
+    return store.query(_QUERIES[name], params)[1]

@@ -1,0 +1,88 @@
+"""Audit findings as the TUI shows them, from the auditor (`kvaudit.audit`) when it is installed.
+
+The TUI never decides what is wrong with a page itself: findings come from the
+auditor's rules (DESIGN.md section 4). Without the auditor the findings panel says
+so instead of showing an empty, reassuring list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvaudit.store import TraceStore
+
+# Calls the auditor over a store: whatever it returns must carry the fields of `FindingRow`.
+Auditor = Callable[[TraceStore], Sequence[Any]]
+
+SEVERITIES: Final = ("critical", "warning", "info")
+CRITICAL: Final = SEVERITIES[0]
+
+
+@dataclass(frozen=True)
+class FindingRow:
+    """One finding, reduced to plain values the panels and `--snapshot` can use.
+
+    `fields` maps a field name to its values per side (`fetched`, `stored`,
+    `consumer`); a finding about absent fields names them with empty sides.
+    """
+
+    code: str
+    rule: str
+    severity: str
+    replica: str | None
+    producer: str | None
+    key: str | None
+    trace_id: str | None
+    span_id: str | None
+    fields: Mapping[str, Mapping[str, Any]]
+    message: str
+    file: str | None
+    line: int | None
+
+    @classmethod
+    def of(cls, finding: Any) -> FindingRow:
+        """A row from an auditor's finding object (read by attribute)."""
+        return cls(
+            code=str(finding.code),
+            rule=str(finding.rule),
+            severity=str(finding.severity),
+            replica=finding.replica,
+            producer=getattr(finding, "producer", None),
+            key=finding.key,
+            trace_id=finding.trace_id,
+            span_id=finding.span_id,
+            fields=_fields(finding.fields),
+            message=str(finding.message),
+            file=getattr(finding, "file", None),
+            line=getattr(finding, "line", None),
+        )
+
+    @property
+    def severity_rank(self) -> int:
+        return SEVERITIES.index(self.severity) if self.severity in SEVERITIES else len(SEVERITIES)
+
+
+def _fields(fields: Mapping[str, Any] | Iterable[str] | None) -> dict[str, dict[str, Any]]:
+    # The auditor names absent fields as a list and differing ones as a mapping of sides.
+    if fields is None:
+        return {}
+    if isinstance(fields, Mapping):
+        return {name: dict(sides) if isinstance(sides, Mapping) else {} for name, sides in fields.items()}
+    return {name: {} for name in fields}
+
+
+def finding_rows(findings: Iterable[Any]) -> tuple[FindingRow, ...]:
+    """Rows of findings, critical first, then by rule, replica and key."""
+    rows = [FindingRow.of(f) for f in findings]
+    return tuple(sorted(rows, key=lambda r: (r.severity_rank, r.code, r.replica or "", r.key or "")))
+
+
+def installed_auditor(skew_s: float) -> Auditor | None:
+    """The auditor of `kvaudit.audit` with the given clock skew, or None when it is not installed."""
+    try:
+        from kvaudit.audit import run_audit  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return lambda store: run_audit(store, skew_s=skew_s)

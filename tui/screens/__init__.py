@@ -1,0 +1,1 @@
+"""The TUI's screens besides the main one: a finding's descriptors and the key help."""

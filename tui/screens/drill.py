@@ -1,0 +1,112 @@
+"""Enter on a finding: the fetched page descriptor beside the stored one, differences marked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Final
+
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from kvaudit.tui import cells
+from kvaudit.tui.descriptors import DescriptorPair, FieldRow, Mark
+from kvaudit.tui.findings import FindingRow
+
+_MARK_STYLE: Final = {
+    Mark.NAMED: "bold white on dark_red",
+    Mark.DIFFERS: "bold black on yellow",
+    Mark.ABSENT: "italic dim",
+    Mark.SAME: "",
+}
+_MARK_NOTE: Final = {Mark.NAMED: "▶ finding", Mark.DIFFERS: "▶ differs", Mark.ABSENT: "one side", Mark.SAME: ""}
+_CONSUMER: Final = "consumer"
+_VALUE_WIDTH: Final = 40
+
+
+class DrillScreen(Screen[None]):
+    DEFAULT_CSS = """
+    DrillScreen #finding { height: auto; border: round $error; padding: 0 1; }
+    DrillScreen #descriptors { height: 1fr; border: round $accent; }
+    DrillScreen DataTable { height: 1fr; }
+    """
+    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, finding: FindingRow, load: Callable[[FindingRow], DescriptorPair]) -> None:
+        super().__init__()
+        self.finding = finding
+        self._load = load
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="finding") as box:
+            box.border_title = f"{self.finding.code} {self.finding.rule}"
+            yield Static(_summary(self.finding))
+        with Vertical(id="descriptors") as box:
+            box.border_title = "fetched descriptor ⟷ stored descriptor"
+            box.border_subtitle = "loading…"
+            yield DataTable(cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).focus()
+        self._fetch()
+
+    @work(thread=True, exit_on_error=False)
+    def _fetch(self) -> None:
+        pair = self._load(self.finding)
+        self.app.call_from_thread(self._show, pair)
+
+    def _show(self, pair: DescriptorPair) -> None:
+        table = self.query_one(DataTable)
+        # The consumer's own values, where the finding compares against them (KVA005).
+        consumer = {name: sides[_CONSUMER] for name, sides in self.finding.fields.items() if _CONSUMER in sides}
+        shown = any(row.name in consumer for row in pair.rows)
+        table.add_columns("field", "", "fetched", "stored", *((_CONSUMER,) if shown else ()))
+        for row in pair.rows:
+            extra = (_value(consumer[row.name]) if row.name in consumer else Text(""),) if shown else ()
+            table.add_row(*_cells(row), *extra, key=row.name)
+        box = self.query_one("#descriptors", Vertical)
+        box.border_subtitle = _subtitle(pair)
+
+
+def _summary(finding: FindingRow) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("severity", cells.severity(finding.severity))
+    grid.add_row("message", finding.message)
+    grid.add_row("consumer", finding.replica or "–")
+    grid.add_row("producer", finding.producer or "–")
+    grid.add_row("key", finding.key or "–")
+    grid.add_row("trace / span", f"{finding.trace_id or '–'} / {finding.span_id or '–'}")
+    if finding.file is not None:
+        grid.add_row("file", f"{finding.file}:{finding.line}")
+    return grid
+
+
+def _cells(row: FieldRow) -> tuple[Text, Text, Text, Text]:
+    style = _MARK_STYLE[row.mark]
+    note = Text(_MARK_NOTE[row.mark], style="bold red" if row.mark is Mark.NAMED else "dim")
+    return Text(row.name, style="bold"), note, _value(row.fetched, style), _value(row.stored, style)
+
+
+def _value(value: Any, style: str = "") -> Text:
+    if value is None:
+        return Text("absent", style="dim italic")
+    text = str(list(value)) if isinstance(value, tuple) else str(value)
+    # Both sides must fit beside each other; a long value (a key) is whole in the summary above.
+    return Text(cells.short_key(text, _VALUE_WIDTH), style=style)
+
+
+def _subtitle(pair: DescriptorPair) -> str:
+    if pair.fetched is None:
+        return "no fetched page with this span and key in the traces"
+    if pair.stored is None:
+        return "no store of this key precedes the fetch"
+    count = len(pair.differing)
+    return f"{count} field{'s' if count != 1 else ''} named by the finding or differing"

@@ -1,0 +1,44 @@
+"""`?`: the keys and the filter syntax."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS: Final = (
+    ("p", "pause or resume reading the traces"),
+    ("/", "filter: replica:NAME rule:KVA004 key:PREFIX, or bare words (escape clears)"),
+    ("s", "sort the focused table by its next column"),
+    ("enter", "open a finding: fetched descriptor beside the stored one"),
+    ("escape", "back"),
+    ("1 2 3 4", "window: last minute, 5 minutes, hour, everything"),
+    ("tab", "next panel"),
+    ("?", "this help"),
+    ("q", "quit"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical {
+        width: 84; height: auto; border: round $accent; background: $surface; padding: 1 2;
+    }
+    """
+    BINDINGS: ClassVar = [Binding("escape,question_mark,q", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan", no_wrap=True)
+        table.add_column()
+        for key, what in KEYS:
+            table.add_row(key, what)
+        with Vertical() as box:
+            box.border_title = "keys"
+            yield Static(table)

@@ -1,0 +1,178 @@
+"""The main screen: replicas, reuse matrix, alerts and findings over the chosen window.
+
+The screen holds the view state (window, pause, filter, the latest `Figures`) as
+reactive attributes bound into the panels; all reading and querying happens in
+worker threads through `LiveSource`, so the UI never waits on DuckDB.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import duckdb
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input
+
+from kvaudit.tui.figures import Figures
+from kvaudit.tui.filtering import Filter
+from kvaudit.tui.screens.drill import DrillScreen
+from kvaudit.tui.source import LiveSource
+from kvaudit.tui.widgets.alerts_panel import AlertsPanel
+from kvaudit.tui.widgets.findings_table import FindingsTable
+from kvaudit.tui.widgets.replica_table import ReplicaTable
+from kvaudit.tui.widgets.reuse_matrix import ReuseMatrix
+from kvaudit.tui.widgets.status_bar import StatusBar
+from kvaudit.tui.window import WINDOWS, Window, window_named
+
+
+class MainScreen(Screen[None]):
+    DEFAULT_CSS = """
+    MainScreen { layout: vertical; }
+    MainScreen .panel { border: round $primary-darken-1; border-title-style: bold; }
+    MainScreen .panel:focus-within { border: round $accent; }
+    MainScreen #replicas { height: auto; max-height: 14; }
+    MainScreen #middle { height: 1fr; min-height: 7; }
+    MainScreen #reuse { width: 3fr; }
+    MainScreen #alerts { width: 2fr; }
+    MainScreen #findings { height: 2fr; }
+    MainScreen DataTable { height: auto; max-height: 100%; }
+    MainScreen #findings DataTable { height: 1fr; }
+    MainScreen #filter { dock: bottom; display: none; border: tall $accent; }
+    MainScreen #filter.shown { display: block; }
+    """
+    BINDINGS: ClassVar = [
+        Binding("p", "pause", "Pause/resume"),
+        Binding("slash", "open_filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        *(
+            Binding(str(i), f"window('{w.name}')", "Window", key_display="1-4", show=i == 1)
+            for i, w in enumerate(WINDOWS, 1)
+        ),
+    ]
+
+    figures: reactive[Figures | None] = reactive(None, init=False)
+    paused: reactive[bool] = reactive(False, init=False)
+    window: reactive[str] = reactive("", init=False)
+    view_filter: reactive[Filter] = reactive(Filter, init=False)
+
+    def __init__(self, source: LiveSource, *, watching: str, window: Window, interval_s: float) -> None:
+        super().__init__()
+        self.source = source
+        self._watching = watching
+        self._interval_s = interval_s
+        self.set_reactive(MainScreen.window, window.name)
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self._watching).data_bind(
+            MainScreen.figures, MainScreen.paused, MainScreen.window, MainScreen.view_filter
+        )
+        with Vertical(id="replicas", classes="panel") as panel:
+            panel.border_title = "replicas"
+            yield ReplicaTable(id="replica-table").data_bind(MainScreen.figures, MainScreen.view_filter)
+        with Horizontal(id="middle"):
+            with Vertical(id="reuse", classes="panel") as panel:
+                panel.border_title = "reuse: producer → consumer (tokens used, pages rejected ✗)"
+                yield ReuseMatrix(id="reuse-matrix").data_bind(MainScreen.figures, MainScreen.view_filter)
+            with Vertical(id="alerts", classes="panel") as panel:
+                panel.border_title = "alerts"
+                yield AlertsPanel().data_bind(MainScreen.figures)
+        with Vertical(id="findings", classes="panel") as panel:
+            panel.border_title = "findings"
+            yield FindingsTable(id="findings-table").data_bind(MainScreen.figures, MainScreen.view_filter)
+        yield Input(placeholder="replica:r2 rule:KVA004 key:ab12 …  (enter applies, escape clears)", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(FindingsTable).focus()
+        self.watch(self.query_one(FindingsTable), "shown", self._show_count)
+        self._read()
+        self.set_interval(self._interval_s, self._tick)
+
+    # --- reading ------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        if self.paused:
+            return
+        if not self._busy("read"):
+            self._read()
+        if not self._busy("analyse"):
+            self._analyse()
+
+    def _busy(self, group: str) -> bool:
+        return any(w.group == group and not w.is_finished for w in self.workers)
+
+    @work(thread=True, group="read", exit_on_error=False)
+    def _read(self, read: bool = True) -> None:
+        window = window_named(self.window)
+        try:
+            self.app.call_from_thread(self._show, self.source.poll(window) if read else self.source.figures(window))
+        except (duckdb.Error, OSError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, f"reading the traces failed: {exc}", severity="error")
+
+    # The audit and the alert rules may take seconds over large traces: a worker of their own.
+    @work(thread=True, group="analyse", exit_on_error=False)
+    def _analyse(self) -> None:
+        try:
+            analysed = self.source.analyse(window_named(self.window))
+        except (duckdb.Error, OSError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, f"auditing the traces failed: {exc}", severity="error")
+            return
+        if analysed is not None:
+            self.app.call_from_thread(self._show, analysed)
+
+    def _show(self, figures: Figures) -> None:
+        # A result computed for a window the user has since left is dropped, not shown.
+        if figures.window == self.window:
+            self.figures = figures
+
+    def watch_figures(self, figures: Figures | None) -> None:
+        note = figures.findings_note if figures is not None else ""
+        self.query_one("#findings", Vertical).border_title = f"findings: {note}" if note else "findings"
+
+    def _show_count(self, shown: tuple[int, int]) -> None:
+        rows, matching = shown
+        subtitle = f"{rows} of {matching}" if rows < matching else str(rows)
+        self.query_one("#findings", Vertical).border_subtitle = subtitle
+
+    def watch_window(self) -> None:
+        self._read(read=False)
+
+    # --- keys -------------------------------------------------------------------
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+
+    def action_window(self, name: str) -> None:
+        self.window = name
+
+    def action_open_filter(self) -> None:
+        field = self.query_one("#filter", Input)
+        field.add_class("shown")
+        field.focus()
+
+    def action_clear_filter(self) -> None:
+        field = self.query_one("#filter", Input)
+        if field.has_class("shown") or self.view_filter:
+            field.value = ""
+            self.view_filter = Filter()
+            self._close_filter()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.view_filter = Filter.parse(event.value)
+        self._close_filter()
+
+    def _close_filter(self) -> None:
+        self.query_one("#filter", Input).remove_class("shown")
+        self.query_one(FindingsTable).focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if not isinstance(event.data_table, FindingsTable):
+            return
+        finding = event.data_table.item_at_cursor()
+        if finding is not None:
+            self.app.push_screen(DrillScreen(finding, self.source.descriptors))

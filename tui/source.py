@@ -1,0 +1,138 @@
+"""The live side of the TUI: one store, read incrementally, audited and alerted on as it grows.
+
+Every call here touches DuckDB and may take a while, so the app only calls it from
+worker threads; a lock keeps the store to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Final
+
+from kvaudit.store import TraceStore
+from kvaudit.tui.alerting import Alerting
+from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
+from kvaudit.tui.figures import Analysis, Figures, compute_figures
+from kvaudit.tui.findings import Auditor, FindingRow, finding_rows
+from kvaudit.tui.producers import ProducerIndex
+from kvaudit.tui.window import Window
+
+NO_AUDITOR: Final = "auditor unavailable: the kvaudit auditor (kvaudit.audit) is not installed"
+NO_RULES: Final = "no rule file (--rules)"
+NO_ALERTING: Final = "alerting unavailable: the kvaudit alerting engine (kvaudit.alerts) is not installed"
+
+
+class LiveSource:
+    """Trace files being written, turned into `Figures` on demand.
+
+    Args:
+        store: the store over the trace paths (read incrementally by `poll`).
+        auditor: computes findings; None shows that there is no auditor.
+        alerting: evaluates the rule file; None with `alerts_note` saying why there is none.
+        skew_s: clock skew allowed between replicas when joining fetches to stores.
+        audit_interval_s: the least time between two audits (an audit reads everything).
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        store: TraceStore,
+        *,
+        auditor: Auditor | None,
+        alerting: Alerting | None = None,
+        alerts_note: str = NO_RULES,
+        skew_s: float = 1.0,
+        audit_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self._auditor = auditor
+        self._alerting = alerting
+        self._skew_s = skew_s
+        self._audit_interval_s = audit_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        # The auditor reads through its own DuckDB connection to the same database, so a long
+        # audit runs beside the refreshes instead of holding them up.
+        self._audit_store = copy.copy(store)
+        self._audit_store.con = store.con.cursor()
+        self._analysis = Analysis(
+            findings=None if auditor is None else (),
+            findings_note="" if auditor is not None else NO_AUDITOR,
+            alerts=None if alerting is None else (),
+            alerts_note="" if alerting is not None else alerts_note,
+        )
+        self._producers = ProducerIndex(store, skew_s=skew_s)
+        self._rows = 0
+        self._audited_rows = -1  # rows read when the findings were computed
+        self._next_audit = 0.0
+        self._last: Figures | None = None  # the latest figures computed
+
+    def poll(self, window: Window, *, final: bool = False) -> Figures:
+        """Read what was appended to the traces and compute the figures over `window`.
+
+        Args:
+            final: also read an unterminated last line (a one-shot read, not a live one).
+        """
+        with self._lock:
+            tables = self.store.refresh(final=final)
+            added = tables.spans.num_rows + tables.errors.num_rows
+            if added == 0 and self._last is not None and self._last.window == window.name:
+                return self._last  # nothing new: the same figures, without asking DuckDB again
+            self._producers.add(tables.pages)
+            self._rows += added
+            return self._figures(window)
+
+    def analyse(self, window: Window, *, force: bool = False) -> Figures | None:
+        """Audit (when new rows arrived and the interval passed) and evaluate the alert rules.
+
+        Call it from one thread at a time; `poll` may run meanwhile.
+
+        Returns:
+            The figures with what changed, or None when nothing did.
+        """
+        findings = None
+        if self._auditor is not None and (force or self._audit_due()):
+            self._audited_rows = self._rows
+            findings = finding_rows(self._auditor(self._audit_store))
+            self._next_audit = self._clock() + self._audit_interval_s
+        with self._lock:
+            analysis = self._analysis if findings is None else replace(self._analysis, findings=findings)
+            if self._alerting is not None:
+                analysis = replace(analysis, alerts=self._alerting(self.store))
+            if analysis == self._analysis:
+                return None
+            self._analysis = analysis
+            return self._figures(window)
+
+    def figures(self, window: Window) -> Figures:
+        """The figures over `window` without reading anything new (a window change)."""
+        with self._lock:
+            return self._figures(window)
+
+    def descriptors(self, finding: FindingRow) -> DescriptorPair:
+        """The fetched and stored descriptors behind a finding."""
+        with self._lock:
+            return descriptor_pair(self.store, finding, skew_s=self._skew_s)
+
+    def close(self) -> None:
+        with self._lock:
+            self._audit_store.con.close()
+            self.store.close()
+
+    def _audit_due(self) -> bool:
+        return self._rows != self._audited_rows and self._clock() >= self._next_audit
+
+    def _figures(self, window: Window) -> Figures:
+        self._last = compute_figures(self.store, window, analysis=self._analysis)
+        return self._last
+
+
+def snapshot(source: LiveSource, window: Window) -> dict[str, Any]:
+    """Everything read once, audited once: the figures as JSON-ready values."""
+    figures = source.poll(window, final=True)
+    return (source.analyse(window, force=True) or figures).as_json()

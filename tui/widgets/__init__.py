@@ -1,0 +1,1 @@
+"""The TUI's panels: each renders one part of `Figures` and keeps no data of its own."""

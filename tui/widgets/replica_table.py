@@ -1,0 +1,62 @@
+"""The per-replica table: traffic, reuse, transfer speed and trouble, with a hit sparkline."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.reactive import reactive
+
+from kvaudit.tui import cells
+from kvaudit.tui.figures import Figures, ReplicaFigures
+from kvaudit.tui.filtering import Filter
+from kvaudit.tui.widgets.sortable_table import Column, SortableTable
+
+
+def _none_last(value: float | int | None) -> float:
+    return float("-inf") if value is None else float(value)
+
+
+class ReplicaTable(SortableTable[ReplicaFigures]):
+    COLUMNS: ClassVar = (
+        Column("replica", lambda r: r.replica, lambda r: r.replica),
+        Column("requests", lambda r: cells.count(r.requests), lambda r: r.requests, descending=True),
+        Column("hit rate", lambda r: cells.percent(r.hit_rate), lambda r: _none_last(r.hit_rate), descending=True),
+        Column(
+            "cross hit tok",
+            lambda r: cells.count(r.cross_replica_hit_tokens),
+            lambda r: r.cross_replica_hit_tokens,
+            descending=True,
+        ),
+        Column(
+            "fetch GB/s", lambda r: cells.number(r.fetch_gbps, "GB/s"), lambda r: _none_last(r.fetch_gbps), True
+        ),
+        Column(
+            "p99 fetch", lambda r: cells.number(r.p99_fetch_ms, "ms", 1), lambda r: _none_last(r.p99_fetch_ms), True
+        ),
+        Column(
+            "rejected", lambda r: cells.alarm(r.rejected_pages, style="yellow"), lambda r: r.rejected_pages, True
+        ),
+        Column(
+            "critical",
+            lambda r: cells.alarm(r.critical_findings, style="bold white on red"),
+            lambda r: _none_last(r.critical_findings),
+            descending=True,
+        ),
+        Column("hit tokens over the window", lambda r: cells.sparkline(r.activity), lambda r: sum(r.activity), True),
+    )
+
+    figures: reactive[Figures | None] = reactive(None, init=False)
+    view_filter: reactive[Filter] = reactive(Filter, init=False)
+
+    def row_key(self, item: ReplicaFigures) -> str:
+        return item.replica
+
+    def watch_figures(self) -> None:
+        self._update()
+
+    def watch_view_filter(self) -> None:
+        self._update()
+
+    def _update(self) -> None:
+        rows = self.figures.replicas if self.figures else ()
+        self.show([r for r in rows if self.view_filter.keeps_replica(r.replica)])
