@@ -13,17 +13,22 @@ order their shared stores need:
 
 r1 computes from scratch: its output is the no-cache baseline. The fault connector's
 raw-pointer store writes float32 block bytes with no metadata, which the bfloat16
-consumers read in their own dtype and layout (see kvaudit.hooks.vllm.fault).
+consumers read in their own dtype and layout (see kvaudit.hooks.vllm.fault). The fault
+replicas salt their prompt: same tokens and outputs, other page keys, so that the
+traces of the two pools never share a key.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -31,8 +36,8 @@ from typing import Any
 
 import pytest
 
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor
-from kvaudit.store import open_store
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor, Res
+from kvaudit.store import TraceStore, open_store
 
 pytestmark = [
     pytest.mark.skipif(
@@ -67,8 +72,11 @@ PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(400)]
 BLOCK = 32
 CACHED = (len(PROMPT) - 1) // BLOCK * BLOCK  # ExampleConnector stores whole blocks, short of the last token
 PAGES = CACHED // BLOCK
+FAULT_SALT = "fault-pool"
 MAX_PARALLEL = 2
 REPLICA_TIMEOUT_S = 900
+# One OpenMP thread per engine: two run at once on two cores.
+ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"}
 
 
 @dataclass
@@ -76,6 +84,7 @@ class Replica:
     name: str
     spec: dict[str, Any]
     after: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
     result: list[dict[str, Any]] = field(default_factory=list)
     log: str = ""
 
@@ -114,28 +123,27 @@ def _transfer(
 def _replicas(base: Path) -> list[Replica]:
     model = base / "model"
 
-    def spec(transfer: dict[str, Any], dtype: str = "bfloat16") -> dict[str, Any]:
-        return {"model": str(model), "dtype": dtype, "prompts": [PROMPT], "kv_transfer": transfer}
+    def spec(transfer: dict[str, Any], dtype: str = "bfloat16", salt: str | None = None) -> dict[str, Any]:
+        return {"model": str(model), "dtype": dtype, "prompts": [PROMPT], "cache_salt": salt, "kv_transfer": transfer}
+
+    def fault(replica: str, *, guard: bool = False, dtype: str = "bfloat16") -> dict[str, Any]:
+        return spec(_transfer(base, "fault", replica, fault=True, guard=guard, module_path=True), dtype, FAULT_SALT)
 
     # r1/r2 load the wrapper by name (the vllm.general_plugins entry point), the
     # fault replicas by module path: both ways are exercised.
     return [
         Replica("r1", spec(_transfer(base, "example", "r1"))),
         Replica("plain1", spec(_transfer(base, "plain", None))),
-        Replica("fault1", spec(_transfer(base, "fault", "fault1", fault=True, module_path=True), "float32")),
+        Replica("fault1", fault("fault1", dtype="float32")),
         Replica("r2", spec(_transfer(base, "example", "r2")), after=("r1",)),
         Replica("plain2", spec(_transfer(base, "plain", None)), after=("plain1",)),
-        Replica("fault2", spec(_transfer(base, "fault", "fault2", fault=True, module_path=True)), after=("fault1",)),
-        Replica(
-            "guard2",
-            spec(_transfer(base, "fault", "guard2", fault=True, guard=True, module_path=True)),
-            after=("fault1",),
-        ),
+        Replica("fault2", fault("fault2"), after=("fault1",)),
+        Replica("guard2", fault("guard2", guard=True), after=("fault1",)),
     ]
 
 
 def _run(replica: Replica, logs: Path) -> Replica:
-    env = os.environ | {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    env = os.environ | ENGINE_ENV | replica.env
     log = logs / f"{replica.name}.log"
     with log.open("w") as out:
         proc = subprocess.run(
@@ -154,8 +162,41 @@ def _run(replica: Replica, logs: Path) -> Replica:
     return replica
 
 
+@dataclass
+class Fleet:
+    base: Path
+    replicas: dict[str, Replica]
+
+    def __getitem__(self, name: str) -> Replica:
+        return self.replicas[name]
+
+
+@contextmanager
+def _collector(out: Path) -> Iterator[str]:
+    """`kvaudit collect` on a free port, receiving vLLM's own request spans; yields its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("kvaudit")), "collect", "--out", str(out), f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("kvaudit collect did not start") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Replica]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     """Every replica of the module, run once, two at a time, producers before their consumers."""
     base = tmp_path_factory.mktemp("vllm_hook")
     (base / "model").mkdir()
@@ -164,7 +205,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Replica]:
     pending = _replicas(base)
     done: dict[str, Replica] = {}
     running: dict[str, Future[Replica]] = {}
-    with ThreadPoolExecutor(MAX_PARALLEL) as pool:
+    with _collector(base / "vllm_traces") as url, ThreadPoolExecutor(MAX_PARALLEL) as pool:
+        # r2 also sends vLLM's own `llm_request` spans, to relate them to kvaudit's.
+        traced = next(r for r in pending if r.name == "r2")
+        traced.spec["otlp_traces_endpoint"] = url
+        traced.env = {
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_RESOURCE_ATTRIBUTES": f"{Res.REPLICA}=r2",
+        }
         while pending or running:
             for replica in [r for r in pending if all(a in done for a in r.after)]:
                 if len(running) < MAX_PARALLEL:
@@ -175,19 +223,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Replica]:
                 done[name] = running.pop(name).result()
             if not finished:
                 time.sleep(0.2)
-    fleet = dict(done)
-    fleet["_base"] = Replica("_base", {"dir": str(base)})
-    return fleet
+    return Fleet(base, done)
 
 
 @pytest.fixture(scope="module")
-def store(fleet: dict[str, Replica]) -> Any:
-    trace_store = open_store([str(Path(fleet["_base"].spec["dir"]) / "traces")])
+def store(fleet: Fleet) -> Iterator[TraceStore]:
+    trace_store = open_store([str(fleet.base / "traces"), str(fleet.base / "vllm_traces")])
     yield trace_store
     trace_store.close()
 
 
-def _pages(store: Any, replica: str, op: str) -> list[dict[str, Any]]:
+def _pages(store: TraceStore, replica: str, op: str) -> list[dict[str, Any]]:
     columns, rows = store.query(
         "SELECT * FROM pages WHERE replica = $replica AND op = $op ORDER BY token_start",
         {"replica": replica, "op": op},
@@ -202,7 +248,7 @@ def _descriptor(row: dict[str, Any]) -> PageDescriptor:
     return PageDescriptor(**fields)
 
 
-def test_cross_replica_reuse_is_traced(fleet: dict[str, Replica], store: Any) -> None:
+def test_cross_replica_reuse_is_traced(fleet: Fleet, store: TraceStore) -> None:
     r1, r2 = fleet["r1"], fleet["r2"]
     assert r1.out["cached"] == 0
     assert r2.out["cached"] == CACHED
@@ -232,7 +278,7 @@ def test_cross_replica_reuse_is_traced(fleet: dict[str, Replica], store: Any) ->
     assert {(consumer, producer) for consumer, producer, _ in rows} == {("r2", "r1")}
 
 
-def test_spans_relate_to_vllm_requests(store: Any) -> None:
+def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
     columns, rows = store.query(
         "SELECT replica, op, request_id, outcome, tokens_requested, tokens_hit, pages, bytes "
         "FROM spans WHERE replica IN ('r1', 'r2') AND op IS NOT NULL ORDER BY replica, op"
@@ -249,7 +295,24 @@ def test_spans_relate_to_vllm_requests(store: Any) -> None:
     assert spans["r1", "store"]["bytes"] == PAGES * 2 * BLOCK * 2 * 64 * 2
 
 
-def test_resource_carries_the_replica_kv_config(store: Any) -> None:
+def test_spans_join_vllms_request_spans(store: TraceStore) -> None:
+    from vllm.tracing.utils import SpanAttributes
+
+    _, rows = store.query(
+        """
+        SELECT k.op, k.tokens_hit, v.attributes[$ttft] AS ttft
+        FROM spans k
+        JOIN spans v ON v.name = 'llm_request' AND v.replica = k.replica AND v.attributes[$rid] = k.request_id
+        WHERE k.replica = 'r2' AND k.op IN ('lookup', 'fetch')
+        ORDER BY k.op
+        """,
+        {"ttft": SpanAttributes.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN, "rid": SpanAttributes.GEN_AI_REQUEST_ID},
+    )
+    assert [(op, hit) for op, hit, _ in rows] == [("fetch", CACHED), ("lookup", CACHED)]
+    assert all(float(ttft) > 0 for _, _, ttft in rows)
+
+
+def test_resource_carries_the_replica_kv_config(store: TraceStore) -> None:
     columns, rows = store.query("SELECT * FROM replicas WHERE replica = 'r2' AND rank IS NOT NULL")
     assert rows, "the worker process declares its rank"
     replica = dict(zip(columns, rows[0]))
@@ -259,10 +322,10 @@ def test_resource_carries_the_replica_kv_config(store: Any) -> None:
     assert (replica["world_size"], replica["rank"], replica["hash_algo"]) == (1, 0, "sha256")
 
 
-def test_wrapping_changes_nothing(fleet: dict[str, Replica]) -> None:
+def test_wrapping_changes_nothing(fleet: Fleet) -> None:
     assert fleet["plain1"].result == fleet["r1"].result
     assert fleet["plain2"].result == fleet["r2"].result
-    kv = Path(fleet["_base"].spec["dir"]) / "kv"
+    kv = fleet.base / "kv"
     wrapped, plain = _tree(kv / "example"), _tree(kv / "plain")
     assert wrapped and wrapped == plain
 
@@ -271,7 +334,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
 
-def test_fault_without_guard_is_used_silently(fleet: dict[str, Replica], store: Any) -> None:
+def test_fault_without_guard_is_used_silently(fleet: Fleet, store: TraceStore) -> None:
     baseline, faulty = fleet["r1"].out, fleet["fault2"].out
     assert faulty["cached"] == CACHED
     assert faulty["finish"] == "length"  # no error from vLLM
@@ -290,7 +353,7 @@ def test_fault_without_guard_is_used_silently(fleet: dict[str, Replica], store: 
     assert all(row["address"] is not None and row["dtype"] == "float32" for row in stored)
 
 
-def test_guard_turns_faulty_pages_into_safe_misses(fleet: dict[str, Replica], store: Any) -> None:
+def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceStore) -> None:
     baseline, guarded = fleet["r1"].out, fleet["guard2"].out
     assert guarded["finish"] == "length"
     assert guarded["tokens"] == baseline["tokens"]
@@ -301,6 +364,17 @@ def test_guard_turns_faulty_pages_into_safe_misses(fleet: dict[str, Replica], st
     assert all(row["used"] is False for row in fetched)
     _, rows = store.query("SELECT outcome, tokens_hit FROM spans WHERE replica = 'guard2' AND op = 'fetch'")
     assert rows == [("rejected", 0)]
+
+
+def test_audit_reports_the_fault(store: TraceStore) -> None:
+    audit = pytest.importorskip("kvaudit.audit", reason="the auditor (issue 5) is not in this tree")
+    findings = audit.run_audit(store)
+    by_replica: dict[str, set[tuple[str, str]]] = {}
+    for finding in findings:
+        by_replica.setdefault(finding.replica, set()).add((finding.code, finding.severity))
+    assert "r2" not in by_replica  # a clean cross-replica reuse
+    assert {("KVA001", "critical"), ("KVA002", "critical")} <= by_replica["fault2"]
+    assert {("KVA001", "warning"), ("KVA002", "warning")} <= by_replica["guard2"]
 
 
 # ---- the pieces, without an engine ----
@@ -381,3 +455,28 @@ def test_stamps_round_trip_and_never_override_the_payload(tmp_path: Path) -> Non
     apply_stamp(page, stamp)
     assert (page.model, page.kv_heads) == ("m", 4)
     assert read_stamp(str(tmp_path), ["other"]) == {} and read_stamp(None, ["k1"]) == {}
+
+
+def test_plugin_registration_is_idempotent() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from kvaudit.hooks.vllm import CONNECTOR_NAMES, register
+
+    register()
+    register()  # vLLM loads plugins in every process, sometimes twice
+    assert all(name in KVConnectorFactory._registry for name in CONNECTOR_NAMES)
+
+
+def test_unsupported_vllm_is_refused_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import vllm
+
+    from kvaudit.hooks.vllm import version
+
+    monkeypatch.setattr(vllm, "__version__", "0.40.1")
+    monkeypatch.setattr(version, "_refusal_logged", False)
+    with caplog.at_level("WARNING", logger=version.__name__):
+        first, second = version.check_vllm_version(), version.check_vllm_version()
+    assert first == second and first is not None and "0.40.1" in first
+    assert [record.getMessage() for record in caplog.records] == [first]

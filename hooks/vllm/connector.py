@@ -20,13 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import vllm
-from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for
-from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
-from kvaudit.hooks.vllm.guard import expected_page, violations
-from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan, external_request_id, plan_for
-from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config, inner_vllm_config
-from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
-from kvaudit.hooks.vllm.version import check_vllm_version
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     CopyBlocksOp,
@@ -39,10 +32,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
     supports_hma,
 )
-from vllm.v1.core.sched.output import SchedulerOutput
 
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emission import Emitter, Operation, setup_emitter
+from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for
+from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
+from kvaudit.hooks.vllm.guard import expected_page, violations
+from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan, external_request_id, plan_for
+from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config, inner_vllm_config
+from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
+from kvaudit.hooks.vllm.version import check_vllm_version
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -52,6 +51,7 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
     from vllm.v1.outputs import KVConnectorOutput

@@ -22,10 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from kvaudit.contract import PageDescriptor
 from kvaudit.hooks.vllm.geometry import EngineGeometry
 from kvaudit.hooks.vllm.plans import RequestPlan
-
-from kvaudit.contract import PageDescriptor
 
 if TYPE_CHECKING:
     import torch
@@ -284,8 +283,9 @@ def _size(path: str) -> int | None:
 
 def format_for(inner: KVConnectorBase_V1, geometry: EngineGeometry) -> InnerFormat:
     """The format of an inner connector instance; opaque unless kvaudit knows its objects."""
-    from kvaudit.hooks.vllm.fault import RawPointerFaultConnector
     from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    from kvaudit.hooks.vllm.fault import RawPointerFaultConnector
 
     if isinstance(inner, RawPointerFaultConnector):
         return RawPointerFormat(inner, geometry)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from kvaudit.contract import REQUIRED_ON_FETCH, PageDescriptor, bytes_per_element
 from kvaudit.hooks.vllm.formats import TRANSFER_RAW_PTR
 from kvaudit.hooks.vllm.geometry import EngineGeometry
-
-from kvaudit.contract import REQUIRED_ON_FETCH, PageDescriptor, bytes_per_element
 
 _DESCRIBED: Final = REQUIRED_ON_FETCH - {"used"}
 _COMPARED: Final = ("model", "dtype", "world_size", "rank", "hash_algo", "layers", "kv_heads", "head_size")

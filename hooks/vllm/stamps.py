@@ -16,9 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from kvaudit.hooks.vllm.geometry import EngineGeometry
-
 from kvaudit.contract import PageDescriptor
+from kvaudit.hooks.vllm.geometry import EngineGeometry
 
 STAMPED_FIELDS: Final = ("model", "world_size", "rank", "layers", "kv_heads", "head_size")
 
