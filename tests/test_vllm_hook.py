@@ -280,7 +280,7 @@ def test_cross_replica_reuse_is_traced(fleet: Fleet, store: TraceStore) -> None:
 
 def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
     columns, rows = store.query(
-        "SELECT replica, op, request_id, outcome, tokens_requested, tokens_hit, pages, bytes "
+        "SELECT replica, op, request_id, outcome, tokens_requested, tokens_hit, tokens_local, pages, bytes "
         "FROM spans WHERE replica IN ('r1', 'r2') AND op IS NOT NULL ORDER BY replica, op"
     )
     spans = {(row[0], row[1]): dict(zip(columns, row)) for row in rows}
@@ -289,7 +289,7 @@ def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
     assert {span["request_id"] for span in spans.values()} == {"0"}
     assert (spans["r1", "lookup"]["outcome"], spans["r1", "lookup"]["tokens_hit"]) == ("miss", 0)
     assert (spans["r2", "lookup"]["outcome"], spans["r2", "lookup"]["tokens_hit"]) == ("hit", CACHED)
-    assert spans["r2", "lookup"]["tokens_requested"] == len(PROMPT)
+    assert (spans["r2", "lookup"]["tokens_requested"], spans["r2", "lookup"]["tokens_local"]) == (len(PROMPT), 0)
     assert (spans["r2", "fetch"]["outcome"], spans["r2", "fetch"]["tokens_hit"]) == ("hit", CACHED)
     assert spans["r2", "fetch"]["pages"] == PAGES
     assert spans["r1", "store"]["bytes"] == PAGES * 2 * BLOCK * 2 * 64 * 2

@@ -381,7 +381,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             outcome = Outcome.HIT
         else:
             outcome = Outcome.PARTIAL
-        lookup.end(outcome, tokens_hit=matched, pages=matched // block_size, bytes=0)
+        lookup.end(outcome, tokens_hit=matched, tokens_local=num_computed_tokens, pages=matched // block_size, bytes=0)
         return matched, load_async
 
     def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
