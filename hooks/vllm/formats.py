@@ -81,35 +81,38 @@ class InnerFormat(Protocol):
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]: ...
 
 
-def page_skeletons(unit: Unit, block_size: int, hash_algo: str) -> list[PageDescriptor]:
-    """Key, hash algorithm and token range of each whole block the unit covers."""
+def page_skeletons(unit: Unit, block_size: int, fields: dict[str, Any]) -> list[PageDescriptor]:
+    """One descriptor per whole block the unit covers: key, token range and `fields`."""
     first = unit.token_start // block_size
-    pages = []
-    for index in range(first, first + unit.num_tokens // block_size):
-        key = unit.plan.keys[index] if index < len(unit.plan.keys) else None
-        pages.append(
-            PageDescriptor(
-                key=key,
-                hash_algo=hash_algo,
-                token_start=index * block_size,
-                token_end=(index + 1) * block_size,
-            )
+    keys = unit.plan.keys
+    return [
+        PageDescriptor(
+            key=keys[index] if index < len(keys) else None,
+            token_start=index * block_size,
+            token_end=(index + 1) * block_size,
+            **fields,
         )
-    return pages
+        for index in range(first, first + unit.num_tokens // block_size)
+    ]
 
 
-def _full_store_page(page: PageDescriptor, geometry: EngineGeometry, shape: tuple[int, ...], layout: str) -> None:
-    page.model = geometry.model
-    page.dtype = geometry.dtype
-    page.shape = shape
-    page.layout = layout
-    page.bytes = geometry.page_bytes
-    page.world_size = geometry.world_size
-    page.rank = geometry.rank
-    page.layers = geometry.layers
-    page.kv_heads = geometry.kv_heads
-    page.head_size = geometry.head_size
-    page.tier = TIER_DISK
+def store_fields(geometry: EngineGeometry, shape: tuple[int, ...], layout: str, transfer: str) -> dict[str, Any]:
+    """What every page a producer stores shares: computed once per connector, not per page."""
+    return {
+        "hash_algo": geometry.hash_algo,
+        "model": geometry.model,
+        "dtype": geometry.dtype,
+        "shape": shape,
+        "layout": layout,
+        "bytes": geometry.page_bytes,
+        "world_size": geometry.world_size,
+        "rank": geometry.rank,
+        "layers": geometry.layers,
+        "kv_heads": geometry.kv_heads,
+        "head_size": geometry.head_size,
+        "transfer": transfer,
+        "tier": TIER_DISK,
+    }
 
 
 class OpaqueFormat:
@@ -121,12 +124,13 @@ class OpaqueFormat:
     def __init__(self, backend: str, geometry: EngineGeometry) -> None:
         self.backend = backend
         self._geometry = geometry
+        self._fetch_fields = {"hash_algo": geometry.hash_algo}
 
     def units(self, inner_meta: KVConnectorMetadata, plans: list[RequestPlan]) -> list[Unit]:
         return [Unit(plan, False, plan.local_tokens, plan.load_tokens) for plan in plans if plan.load_tokens > 0]
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        return page_skeletons(unit, self._geometry.block_size, self._geometry.hash_algo)
+        return page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
         return []
@@ -142,6 +146,13 @@ class ExampleFormat:
     def __init__(self, inner: KVConnectorBase_V1, geometry: EngineGeometry) -> None:
         self._inner = inner
         self._geometry = geometry
+        self._fetch_fields = {"hash_algo": geometry.hash_algo}
+        self._store_fields = self.store_fields(geometry)
+
+    @staticmethod
+    def store_fields(geometry: EngineGeometry) -> dict[str, Any]:
+        shape = (geometry.layers, geometry.block_size, geometry.kv_heads, 2 * geometry.head_size)
+        return store_fields(geometry, shape, EXAMPLE_LAYOUT, TRANSFER_COPY)
 
     def units(self, inner_meta: KVConnectorMetadata, plans: list[RequestPlan]) -> list[Unit]:
         """Match each of the inner metadata's requests to its plan by its first block id.
@@ -176,7 +187,7 @@ class ExampleFormat:
         return [os.path.join(self.folder(unit), name) for name in names]
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._geometry.hash_algo)
+        pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
         headers = [_safetensors_header(path) for path in self.payload_files(unit)]
         tensors = [header.get("kv_cache") for header in headers if header is not None]
         if not tensors or len(tensors) != len(headers) or any(not _is_tensor_entry(t) for t in tensors):
@@ -207,13 +218,7 @@ class ExampleFormat:
         return pages
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
-        geometry = self._geometry
-        shape = (geometry.layers, geometry.block_size, geometry.kv_heads, 2 * geometry.head_size)
-        pages = page_skeletons(unit, geometry.block_size, geometry.hash_algo)
-        for page in pages:
-            _full_store_page(page, geometry, shape, EXAMPLE_LAYOUT)
-            page.transfer = TRANSFER_COPY
-        return pages
+        return page_skeletons(unit, self._geometry.block_size, self._store_fields)
 
 
 class RawPointerFormat(ExampleFormat):
@@ -223,8 +228,13 @@ class RawPointerFormat(ExampleFormat):
     backend = "kvaudit.fault_raw_pointer"
     payload_suffix = ".raw"
 
+    @staticmethod
+    def store_fields(geometry: EngineGeometry) -> dict[str, Any]:
+        shape = (geometry.layers, geometry.kv_heads, geometry.block_size, 2 * geometry.head_size)
+        return store_fields(geometry, shape, CPU_PAGED_LAYOUT, TRANSFER_RAW_PTR)
+
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._geometry.hash_algo)
+        pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
         files = self.payload_files(unit)
         sizes = [_size(path) for path in files]
         total = sum(sizes) if files and None not in sizes else None
@@ -237,14 +247,10 @@ class RawPointerFormat(ExampleFormat):
         return pages
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
-        geometry = self._geometry
-        shape = (geometry.layers, geometry.kv_heads, geometry.block_size, 2 * geometry.head_size)
-        pages = page_skeletons(unit, geometry.block_size, geometry.hash_algo)
+        pages = page_skeletons(unit, self._geometry.block_size, self._store_fields)
         first_cache = next(iter(kv_caches.values()), None)
-        first_block = unit.token_start // geometry.block_size
+        first_block = unit.token_start // self._geometry.block_size
         for index, page in enumerate(pages):
-            _full_store_page(page, geometry, shape, CPU_PAGED_LAYOUT)
-            page.transfer = TRANSFER_RAW_PTR
             block = first_block + index
             if first_cache is not None and block < len(unit.plan.block_ids):
                 # The process-local address the fallback copied from: meaningless elsewhere.
