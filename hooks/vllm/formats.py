@@ -180,11 +180,12 @@ class ExampleFormat:
         return self._inner._generate_foldername_debug(record.token_ids, record.mm_hashes, create_folder=False)
 
     def payload_files(self, unit: Unit) -> list[str]:
+        folder = self.folder(unit)  # hashes the prompt's token ids: once
         try:
-            names = sorted(name for name in os.listdir(self.folder(unit)) if name.endswith(self.payload_suffix))
+            names = sorted(name for name in os.listdir(folder) if name.endswith(self.payload_suffix))
         except OSError:
             return []
-        return [os.path.join(self.folder(unit), name) for name in names]
+        return [os.path.join(folder, name) for name in names]
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
         pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
