@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import atexit
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import vllm
@@ -33,9 +33,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     supports_hma,
 )
 
-from kvaudit.contract import Hook, Op, Outcome
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emission import Emitter, Operation, setup_emitter
-from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for
+from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
 from kvaudit.hooks.vllm.guard import expected_page, violations
 from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan, external_request_id, plan_for
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def _inner_class(kv_transfer_config: Any) -> type[KVConnectorBase_V1]:
@@ -117,15 +118,12 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._stores: dict[int, Operation] = {}
         self._load_errors: set[int] = set()
         self._kv_caches: dict[str, torch.Tensor] = {}
+        self._observation_failed = False
         if self._settings.guard and not worker and self._kv_transfer_config.kv_load_failure_policy == "fail":
             logger.warning(
                 "kvaudit guard is on but kv_load_failure_policy='fail': a rejected page fails its "
                 "request instead of being recomputed; set kv_load_failure_policy='recompute'"
             )
-
-    @property
-    def inner(self) -> KVConnectorBase_V1:
-        return self._inner
 
     # ---- properties and class-level hooks ----
 
@@ -179,7 +177,7 @@ class KVAuditConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, KVAuditMetadata):
-            self._units = self._format.units(connector_metadata.inner, connector_metadata.plans)
+            self._units = self._observed(self._format.units, connector_metadata.inner, connector_metadata.plans) or []
             self._inner.bind_connector_metadata(connector_metadata.inner)
         else:
             self._units = []
@@ -216,7 +214,7 @@ class KVAuditConnector(KVConnectorBase_V1):
         fetches = [self._operation(Op.FETCH, unit) for unit in loads]
         # Described before the load: the guard decides on what the objects say, not on
         # what the inner connector did with them.
-        described = [self._format.describe_fetch(unit) for unit in loads]
+        described = [self._describe_fetch(unit) for unit in loads]
         try:
             self._inner.start_load_kv(forward_context, **kwargs)
         except BaseException:
@@ -226,7 +224,25 @@ class KVAuditConnector(KVConnectorBase_V1):
         for unit, fetch, pages in zip(loads, fetches, described):
             self._finish_fetch(unit, fetch, pages)
 
-    def _finish_fetch(self, unit: Unit, fetch: Operation, pages: list[Any]) -> None:
+    def _describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
+        """The unit's pages as its objects describe them; when they cannot be read, only
+        key and token range, which the guard rejects as incomplete: unchecked is unused."""
+        pages = self._observed(self._format.describe_fetch, unit)
+        if pages is None:
+            pages = page_skeletons(unit, self._geometry.block_size, {"hash_algo": self._geometry.hash_algo})
+        return pages
+
+    def _observed(self, describe: Callable[..., _T], *args: Any) -> _T | None:
+        """Run one of the hook's own observations; a failure there never reaches vLLM."""
+        try:
+            return describe(*args)
+        except Exception as exc:
+            if not self._observation_failed:
+                self._observation_failed = True
+                logger.warning("kvaudit: cannot describe pages (%r); serving continues", exc, exc_info=True)
+            return None
+
+    def _finish_fetch(self, unit: Unit, fetch: Operation, pages: list[PageDescriptor]) -> None:
         stamp = read_stamp(self._settings.stamp_dir, [page.key for page in pages if page.key])
         first_rejected: int | None = None
         for index, page in enumerate(pages):
@@ -271,7 +287,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             store = self._stores.pop(id(unit), None)
             if store is None:
                 continue
-            pages = self._format.describe_store(unit, self._kv_caches)
+            pages = self._observed(self._format.describe_store, unit, self._kv_caches) or []
             for page in pages:
                 store.add_page(page)
             if self._settings.stamp_dir is not None:
