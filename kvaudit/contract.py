@@ -96,6 +96,8 @@ class SpanAttr:
     TOKENS_REQUESTED: Final = "kvaudit.tokens.requested"
     TOKENS_HIT: Final = "kvaudit.tokens.hit"
     TOKENS_STORED: Final = "kvaudit.tokens.stored"
+    # Lookup: the prompt prefix the engine already had locally, before asking the cache.
+    TOKENS_LOCAL: Final = "kvaudit.tokens.local"
     PAGES: Final = "kvaudit.pages"
     BYTES: Final = "kvaudit.bytes"
     OUTCOME: Final = "kvaudit.outcome"

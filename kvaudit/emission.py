@@ -120,6 +120,7 @@ class Operation:
         *,
         tokens_hit: int | None = None,
         tokens_stored: int | None = None,
+        tokens_local: int | None = None,
         pages: int | None = None,
         bytes: int | None = None,  # noqa: A002 - the contract's name
         end_ns: int | None = None,
@@ -133,6 +134,7 @@ class Operation:
             _put(attrs, SpanAttr.OUTCOME, outcome and outcome.value)
             _put(attrs, SpanAttr.TOKENS_HIT, tokens_hit)
             _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
+            _put(attrs, SpanAttr.TOKENS_LOCAL, tokens_local)
             attrs[SpanAttr.PAGES] = len(self._pages) if pages is None else pages
             attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
             if end_ns is None:

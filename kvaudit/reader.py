@@ -58,6 +58,7 @@ SPAN_ATTR_COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "tokens_requested": (SpanAttr.TOKENS_REQUESTED, _INT),
     "tokens_hit": (SpanAttr.TOKENS_HIT, _INT),
     "tokens_stored": (SpanAttr.TOKENS_STORED, _INT),
+    "tokens_local": (SpanAttr.TOKENS_LOCAL, _INT),
     "pages": (SpanAttr.PAGES, _INT),
     "bytes": (SpanAttr.BYTES, _INT),
     "outcome": (SpanAttr.OUTCOME, _STR),

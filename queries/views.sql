@@ -114,6 +114,7 @@ SELECT file, line, resource_id, replica,
        kvaudit_int(attrs, 'kvaudit.tokens.requested') AS tokens_requested,
        kvaudit_int(attrs, 'kvaudit.tokens.hit') AS tokens_hit,
        kvaudit_int(attrs, 'kvaudit.tokens.stored') AS tokens_stored,
+       kvaudit_int(attrs, 'kvaudit.tokens.local') AS tokens_local,
        kvaudit_int(attrs, 'kvaudit.pages') AS pages,
        kvaudit_int(attrs, 'kvaudit.bytes') AS bytes,
        kvaudit_str(attrs, 'kvaudit.outcome') AS outcome,
@@ -131,7 +132,7 @@ FROM (
            list_transform(
                list_filter(map_entries(attrs), lambda e: e.key NOT IN (
                    'kvaudit.op', 'kvaudit.request.id', 'kvaudit.hook', 'kvaudit.backend',
-                   'kvaudit.tokens.requested', 'kvaudit.tokens.hit', 'kvaudit.tokens.stored', 'kvaudit.pages',
+                   'kvaudit.tokens.requested', 'kvaudit.tokens.hit', 'kvaudit.tokens.stored', 'kvaudit.tokens.local', 'kvaudit.pages',
                    'kvaudit.bytes', 'kvaudit.outcome', 'kvaudit.evict.reason', 'kvaudit.block_size',
                    'kvaudit.telemetry.dropped_spans', 'kvaudit.telemetry.failed_exports',
                    'kvaudit.telemetry.errors', 'kvaudit.telemetry.lost_batches')),

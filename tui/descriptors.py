@@ -13,7 +13,7 @@ from kvaudit.tui.findings import FindingRow
 
 # The descriptor fields in the contract's order; the `pages` view names its columns alike.
 DESCRIPTOR_FIELDS: Final = PageDescriptor.__struct_fields__
-_QUERY: Final = load("tui_descriptors")
+_QUERY: Final = load("tui/descriptors")
 _FETCHED, _STORED = "fetched", "stored"
 
 

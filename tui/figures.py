@@ -18,7 +18,7 @@ from kvaudit.tui.findings import CRITICAL, FindingRow
 from kvaudit.tui.window import Window
 
 SPARK_BUCKETS: Final = 24
-_QUERIES: Final = {name: load(name) for name in ("tui_replicas", "tui_reuse", "tui_activity")}
+_QUERIES: Final = {name: load(name) for name in ("tui/replicas", "tui/reuse", "tui/activity")}
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,10 @@ def compute_figures(
     if extent.latest_ns is None or extent.earliest_ns is None:
         return Figures(window.name, None, None, extent.pages, extent.read_errors, **analysed)
     since = window.since_ns(extent.earliest_ns, extent.latest_ns)
-    reuse = tuple(ReuseCell(*row) for row in _rows(store, "tui_reuse", since_ns=since))
+    reuse = tuple(ReuseCell(*row) for row in _rows(store, "tui/reuse", since_ns=since))
     bucket_ns = max(1, -(-(extent.latest_ns - since + 1) // SPARK_BUCKETS))
     activity: dict[str, list[int]] = defaultdict(lambda: [0] * SPARK_BUCKETS)
-    for replica, bucket, tokens in _rows(store, "tui_activity", since_ns=since, bucket_ns=bucket_ns):
+    for replica, bucket, tokens in _rows(store, "tui/activity", since_ns=since, bucket_ns=bucket_ns):
         activity[replica][min(bucket, SPARK_BUCKETS - 1)] += int(tokens)
     critical: dict[str | None, int] = defaultdict(int)
     findings = analysis.findings
@@ -119,7 +119,7 @@ def compute_figures(
             critical_findings=None if findings is None else critical[replica],
             activity=tuple(activity[replica]),
         )
-        for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(store, "tui_replicas", since_ns=since)
+        for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(store, "tui/replicas", since_ns=since)
     )
     return Figures(window.name, since, extent.latest_ns, extent.pages, extent.read_errors, replicas, reuse, **analysed)
 

@@ -3,8 +3,8 @@
 Joining every fetch to the earliest store of its key is the costly part of the reuse
 figures (a million descriptors take most of a second), and its answer for a fetch
 changes only when a store of that key arrives. So the join runs once per page, on
-the rows each refresh adds (`tui_ingest`), into temporary tables; the reuse query
-(`tui_reuse`) reads their per-second counts.
+the rows each refresh adds (`tui/ingest`), into temporary tables; the reuse query
+(`tui/reuse`) reads their per-second counts.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _statements(name: str) -> list[str]:
     return [chunk for chunk in chunks if chunk]
 
 
-_SCHEMA: Final = _statements("tui_index")
-_INGEST: Final = _statements("tui_ingest")
+_SCHEMA: Final = _statements("tui/index")
+_INGEST: Final = _statements("tui/ingest")
 
 
 class ProducerIndex:

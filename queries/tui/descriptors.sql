@@ -1,4 +1,4 @@
--- tui_descriptors: a fetched page descriptor beside the stored one of the same key.
+-- tui/descriptors: a fetched page descriptor beside the stored one of the same key.
 --
 -- Question: what did the consumer actually receive, and what had the producer stored?
 -- Parameters: $span_id (the fetch span), $key (the page key), $skew_ns (clock skew

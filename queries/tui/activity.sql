@@ -1,4 +1,4 @@
--- tui_activity: tokens hit per replica and time bucket (the TUI's sparklines).
+-- tui/activity: tokens hit per replica and time bucket (the TUI's sparklines).
 --
 -- Question: how has each replica's hit traffic moved over the window?
 -- Parameters: $since_ns (first bucket's start, Unix ns), $bucket_ns (bucket width, ns).

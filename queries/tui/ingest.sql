@@ -1,9 +1,9 @@
--- tui_ingest: keep the TUI's producer index current with newly read pages (statements, in order).
+-- tui/ingest: keep the TUI's producer index current with newly read pages (statements, in order).
 --
 -- Question: which replica produced each fetched page, without re-joining every fetch to
 --           every store on each refresh?
 -- Parameters: $skew_ns (clock skew allowed between replicas, ns). Reads `tui_new_pages`
---             (the rows of the `pages` view just read) into the tables of `tui_index`.
+--             (the rows of the `pages` view just read) into the tables of `tui/index`.
 --             A fetch's producer is the replica of the earliest store of its key that
 --             precedes it by at most the skew, NULL when none does.
 -- Only the index rows of keys in the batch are looked at, so a refresh costs what it reads.

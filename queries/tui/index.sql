@@ -1,4 +1,4 @@
--- tui_index: the temporary tables of the TUI's producer index (filled by `tui_ingest`).
+-- tui/index: the temporary tables of the TUI's producer index (filled by `tui/ingest`).
 --
 -- Columns: `tui_first_store`: key, producer, stored_ns (the earliest store of each key);
 --          `tui_fetches`: key, consumer, time_ns, used, tokens, bytes, producer (one row per

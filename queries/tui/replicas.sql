@@ -1,4 +1,4 @@
--- tui_replicas: per-replica request and fetch figures over a time window (the TUI's replica table).
+-- tui/replicas: per-replica request and fetch figures over a time window (the TUI's replica table).
 --
 -- Question: how busy is each replica, how much of what it asked the pool for did it get,
 --           and how fast did the pool deliver it?

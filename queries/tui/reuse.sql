@@ -1,8 +1,8 @@
--- tui_reuse: fetched pages by producer and consumer over a time window (the TUI's reuse matrix).
+-- tui/reuse: fetched pages by producer and consumer over a time window (the TUI's reuse matrix).
 --
 -- Question: whose pages did each replica fetch, how many did it use, and how many did it reject?
 -- Parameters: $since_ns (window start, Unix ns; 0 for everything; the window starts at the
---             whole second). Reads `tui_reuse_ledger`, kept by `tui_ingest` (stores are
+--             whole second). Reads `tui_reuse_ledger`, kept by `tui/ingest` (stores are
 --             looked up over the whole trace, not only the window: a page fetched now may
 --             have been stored long before).
 -- Columns: producer (replica of the earliest store of the key that precedes the fetch

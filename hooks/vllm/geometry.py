@@ -1,0 +1,73 @@
+"""The replica's own KV configuration, read from the engine config (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvaudit.contract import KVConfig, bytes_per_element
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+@dataclass(frozen=True)
+class EngineGeometry:
+    """What this engine's KV cache is: enough to describe every page it stores."""
+
+    model: str
+    dtype: str
+    block_size: int
+    layers: int
+    kv_heads: int
+    head_size: int
+    world_size: int
+    rank: int | None
+    hash_algo: str
+
+    @property
+    def element_bytes(self) -> int:
+        return bytes_per_element(self.dtype) or 0
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block over all layers, K and V."""
+        return self.layers * self.block_size * self.kv_heads * 2 * self.head_size * self.element_bytes
+
+    def kv_config(self, layout: str | None) -> KVConfig:
+        return KVConfig(
+            model=self.model,
+            dtype=self.dtype,
+            layout=layout,
+            block_size=self.block_size,
+            world_size=self.world_size,
+            rank=self.rank,
+            hash_algo=self.hash_algo,
+            layers=self.layers,
+            kv_heads=self.kv_heads,
+            head_size=self.head_size,
+        )
+
+
+def torch_dtype_name(dtype: object) -> str:
+    """`torch.bfloat16` -> `bfloat16`: the contract's spelling."""
+    return str(dtype).removeprefix("torch.")
+
+
+def engine_geometry(vllm_config: VllmConfig, rank: int | None) -> EngineGeometry:
+    """The KV geometry of this replica; `rank` is the TP rank in a worker, None in the scheduler."""
+    model_config = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    cache = vllm_config.cache_config
+    dtype = cache.cache_dtype
+    return EngineGeometry(
+        model=str(model_config.model),
+        dtype=torch_dtype_name(model_config.dtype) if dtype == "auto" else str(dtype),
+        block_size=int(cache.block_size),
+        layers=int(model_config.get_num_layers(parallel)),
+        kv_heads=int(model_config.get_num_kv_heads(parallel)),
+        head_size=int(model_config.get_head_size()),
+        world_size=int(parallel.tensor_parallel_size),
+        rank=rank,
+        hash_algo=str(cache.prefix_caching_hash_algo),
+    )

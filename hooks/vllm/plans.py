@@ -1,0 +1,92 @@
+"""What the scheduler side knows about a request and the worker side needs to describe its pages.
+
+The connector's scheduler side runs in the EngineCore process and its worker side in
+each Worker process: page keys (vLLM's block hashes), block ids, the external request
+id and the request's trace context travel to the workers inside the connector
+metadata, next to the inner connector's own metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+# vLLM appends "-" and 8 random characters to the id a client gave (InputProcessor.
+# assign_request_id); its `llm_request` span carries the client's id as gen_ai.request.id.
+_RANDOM_SUFFIX_LEN: Final = 9
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+
+
+@dataclass
+class RequestPlan:
+    """One scheduled request, as the worker side needs it.
+
+    Attributes:
+        req_id: vLLM's internal request id (what connectors see).
+        request_id: the id vLLM's own `llm_request` span carries as `gen_ai.request.id`.
+        keys: hex block hashes of the request's full blocks, in token order.
+        block_ids: the request's KV block ids (first KV cache group), in token order.
+        load_tokens: tokens the inner connector was asked to load (0: not a load).
+        local_tokens: prompt prefix already computed locally when it was looked up.
+        trace_parent: (trace id, span id) of the context the request arrived with.
+    """
+
+    req_id: str
+    request_id: str
+    keys: list[str]
+    block_ids: list[int]
+    load_tokens: int = 0
+    local_tokens: int = 0
+    trace_parent: tuple[int, int] | None = None
+
+    def parent_context(self) -> SpanContext | None:
+        if self.trace_parent is None:
+            return None
+        trace_id, span_id = self.trace_parent
+        return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags.SAMPLED)
+
+
+@dataclass
+class KVAuditMetadata(KVConnectorMetadata):
+    """The inner connector's metadata for this step, plus the plans of the requests it covers."""
+
+    inner: KVConnectorMetadata
+    plans: list[RequestPlan] = field(default_factory=list)
+
+
+def external_request_id(req_id: str) -> str:
+    """The client's request id, as vLLM's `llm_request` span reports it."""
+    if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION") or len(req_id) <= _RANDOM_SUFFIX_LEN:
+        return req_id
+    return req_id[:-_RANDOM_SUFFIX_LEN] if req_id[-_RANDOM_SUFFIX_LEN] == "-" else req_id
+
+
+def trace_parent(request: Request) -> tuple[int, int] | None:
+    """The W3C trace context the request arrived with, so kvaudit spans join its trace."""
+    headers = getattr(request, "trace_headers", None)
+    if not headers:
+        return None
+    from opentelemetry.trace import get_current_span
+
+    span_context = get_current_span(_PROPAGATOR.extract(headers)).get_span_context()
+    return (span_context.trace_id, span_context.span_id) if span_context.is_valid else None
+
+
+def plan_for(request: Request, block_ids: list[int], load_tokens: int, local_tokens: int) -> RequestPlan:
+    return RequestPlan(
+        req_id=request.request_id,
+        request_id=external_request_id(request.request_id),
+        keys=[bytes(block_hash).hex() for block_hash in request.block_hashes],
+        block_ids=list(block_ids),
+        load_tokens=load_tokens,
+        local_tokens=local_tokens,
+        trace_parent=trace_parent(request),
+    )

@@ -1,0 +1,82 @@
+"""The `kvaudit` section of `kv_connector_extra_config`, and the inner connector's config.
+
+kv_connector_extra_config={
+    "kvaudit": {"wrap": "ExampleConnector", "replica": "r1",
+                "export": "file:traces/{replica}.jsonl", "guard": True,
+                "stamp_dir": "/shared/kvaudit-stamps"},
+    "shared_storage_path": "/shared/kv",   # the inner connector's own keys
+}
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.kv_transfer import KVTransferConfig
+
+SECTION: Final = "kvaudit"
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What the wrapper is told to do.
+
+    Attributes:
+        wrap: the inner connector, a registered name or a class name in `wrap_module_path`.
+        wrap_module_path: module of an out-of-tree inner connector.
+        replica: the replica id (`service.instance.id`).
+        export: `file:PATH` or `otlp:URL`; None reads `KVAUDIT_EXPORT` / `OTEL_EXPORTER_OTLP_*`.
+        guard: reject fetched pages that fail the in-process checks (safe misses).
+        stamp_dir: a directory shared by the replicas where the producer records, per
+            stored page, what the inner connector's objects do not carry (model, TP
+            world size and rank, head geometry). None: no stamps.
+    """
+
+    wrap: str
+    replica: str
+    wrap_module_path: str | None = None
+    export: str | None = None
+    guard: bool = False
+    stamp_dir: str | None = None
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any]) -> AuditSettings:
+        """Raises ValueError when the section is missing or incomplete."""
+        section = extra.get(SECTION)
+        if not isinstance(section, dict) or not section.get("wrap") or not section.get("replica"):
+            raise ValueError(
+                'KVAuditConnector needs kv_connector_extra_config={"kvaudit": '
+                '{"wrap": <connector>, "replica": <replica id>, ...}}'
+            )
+        return cls(
+            wrap=str(section["wrap"]),
+            replica=str(section["replica"]),
+            wrap_module_path=section.get("wrap_module_path"),
+            export=section.get("export"),
+            guard=bool(section.get("guard", False)),
+            stamp_dir=section.get("stamp_dir"),
+        )
+
+
+def inner_transfer_config(outer: KVTransferConfig, settings: AuditSettings) -> KVTransferConfig:
+    """The wrapper's transfer config as the inner connector must see it: its own name and module.
+
+    A shallow copy: the extra config dict is shared, the inner connector ignores the
+    `kvaudit` key.
+    """
+    inner = copy.copy(outer)
+    object.__setattr__(inner, "kv_connector", settings.wrap)
+    object.__setattr__(inner, "kv_connector_module_path", settings.wrap_module_path)
+    return inner
+
+
+def inner_vllm_config(outer: VllmConfig, settings: AuditSettings) -> VllmConfig:
+    """A shallow copy of the engine config whose transfer config names the inner connector."""
+    assert outer.kv_transfer_config is not None
+    inner = copy.copy(outer)
+    object.__setattr__(inner, "kv_transfer_config", inner_transfer_config(outer.kv_transfer_config, settings))
+    return inner

