@@ -22,6 +22,8 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
+    "kvaudit.commands.alerts",
+    "kvaudit.commands.exporter",
 )
 
 
