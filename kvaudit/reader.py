@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gc
 import hashlib
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvaudit.contract import EVENT_PAGE, SCHEMA_VERSION, PageAttr, Res, SpanAttr, TelemetryAttr
-from kvaudit.otlp_schema import DECODER, AnyValue, KeyValue, TracesData
+from kvaudit.otlp_schema import DECODER, AnyValue, ArrayValue, KeyValue, TracesData
 
 # Column kinds: how an OTLP AnyValue becomes a column value.
 _STR, _INT, _BOOL, _INTS = "str", "int", "bool", "ints"
@@ -130,6 +131,7 @@ ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), (
 
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
+PARALLEL_MIN_BYTES: Final = 8 * 1024 * 1024
 
 
 @dataclass
@@ -184,21 +186,27 @@ def _table(schema: pa.Schema, rows: Sequence[Sequence[Any]]) -> pa.Table:
 def _array(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
     """An Arrow array from decoded values: OTLP int64s arrive as strings (or numbers)."""
     if pa.types.is_list(type_):
-        values = [None if v is None else [item.intValue for item in v.values] for v in values]
-        sample = next((v[0] for v in values if v), None)
-        text_type: pa.DataType = pa.list_(pa.string())
-    else:
-        sample = next((v for v in values if v is not None), None)
-        text_type = pa.string()
+        return _list_array(values, type_)
+    sample = next((v for v in values if v is not None), None)
     if isinstance(sample, str) and type_ != pa.string():
         try:
-            return pa.array(values, type=text_type).cast(type_)
+            return pa.array(values, type=pa.string()).cast(type_)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass  # mixed strings and numbers: convert one by one below
     try:
         return pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([_as_text(v) for v in values], type=text_type).cast(type_)
+        return pa.array([_as_text(v) for v in values], type=pa.string()).cast(type_)
+
+
+def _list_array(values: Sequence[ArrayValue | None], type_: pa.DataType) -> pa.Array:
+    """A list column from OTLP array values, built from flat items and offsets (no list per row)."""
+    flat = [item.intValue for value in values if value is not None for item in value.values]
+    lengths = [0 if value is None else len(value.values) for value in values]
+    offsets = pa.array([0, *itertools.accumulate(lengths)], type=pa.int32())
+    items = _array(flat, type_.value_type)
+    mask = pa.array([value is None for value in values])
+    return pa.ListArray.from_arrays(offsets, items, type=type_, mask=mask)
 
 
 def _as_text(value: Any) -> Any:
@@ -432,6 +440,8 @@ def read_files(
     """
     cursors = {} if cursors is None else cursors
     tasks = list(_plan(files, cursors))
+    if sum(end - start for _, start, end in tasks) < PARALLEL_MIN_BYTES:
+        workers = 1  # starting processes costs more than decoding a small increment
     workers = min(workers or os.cpu_count() or 1, len(tasks))
     if workers <= 1:
         results = map(lambda task: read_range(*task, final), tasks)
