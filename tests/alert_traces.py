@@ -43,6 +43,19 @@ def _on_test_clock(build: Callable[[Path], None]) -> Callable[[Path], None]:
     return on_test_clock
 
 
+class Clock:
+    """A controllable clock for the rule engine (Unix seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def emitter(trace_dir: Path, replica: str) -> Emitter:
     return setup_emitter(replica, f"file:{trace_dir}/{replica}.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
 

@@ -11,6 +11,8 @@ from kvaudit.alerts.instances import AlertState
 from kvaudit.alerts.rules import load_rules
 from kvaudit.store import TraceStore
 
+from .alert_traces import Clock
+
 RULES = """\
 groups:
   - name: g
@@ -27,17 +29,6 @@ groups:
       - alert: Slow
         expr: SELECT replica, value FROM condition
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

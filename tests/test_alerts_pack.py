@@ -16,14 +16,7 @@ from kvaudit.cli import main
 from kvaudit.store import open_store
 
 from . import alert_traces
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .alert_traces import Clock
 
 
 def _fired(trace_dir: Path, *, after_s: float = 0) -> dict[str, list[dict[str, str]]]:

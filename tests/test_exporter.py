@@ -38,7 +38,7 @@ def test_scraped_over_http_and_updated_as_files_grow(trace_dir: Path):
         alert_traces.clean(trace_dir)  # r2 now fetches r1's pages: appended to the same files
         metrics = _scrape(port)
     finally:
-        server.shutdown()  # type: ignore[attr-defined]
+        server.shutdown()
     r2 = (("replica", "r2"),)
     assert metrics["kvaudit_fetch_tokens_requested_total"][r2] == 24 * 32
     assert metrics["kvaudit_fetch_tokens_hit_total"][r2] == 24 * 32

@@ -1,4 +1,8 @@
-"""Prometheus durations (`15s`, `1h30m`, `500ms`, `0`) as seconds."""
+"""Prometheus durations (`15s`, `1h30m`, `500ms`, `0`) as seconds.
+
+Rule files use Prometheus' own syntax (compound units, `d`, `w`, `y`) so that they
+read like the alerting rules operators already write.
+"""
 
 from __future__ import annotations
 
@@ -24,17 +28,3 @@ def parse_duration(text: str) -> float:
     if not text or match is None:
         raise ValueError(f"bad duration {text!r} (expected e.g. 30s, 5m, 1h30m)")
     return float(sum(int(n) * _UNITS[unit] for n, unit in zip(match.groups(), _ORDER) if n))
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest Prometheus spelling of a duration (whole milliseconds)."""
-    millis = round(seconds * 1000)
-    if millis == 0:
-        return "0s"
-    parts = []
-    for unit in _ORDER:
-        size = round(_UNITS[unit] * 1000)
-        count, millis = divmod(millis, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts)

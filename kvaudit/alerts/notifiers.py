@@ -16,6 +16,7 @@ from typing import Final, Protocol, TextIO
 from kvaudit.alerts.http import DeliveryError, HttpPoster
 from kvaudit.alerts.instances import AlertInstance
 from kvaudit.alerts.payloads import api_alert, webhook_alert, webhook_payloads
+from kvaudit.alerts.rules import ALERTNAME
 from kvaudit.alerts.templates import format_value
 
 RECEIVER: Final = "kvaudit"
@@ -46,7 +47,7 @@ class StreamNotifier:
 
     def send(self, alerts: Sequence[AlertInstance], now: float) -> None:
         for alert in alerts:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(alert.labels.items()) if k != "alertname")
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(alert.labels.items()) if k != ALERTNAME)
             value = "" if alert.value is None else f" value={format_value(alert.value)}"
             summary = alert.annotations.get("summary", "")
             self.stream.write(f"{alert.state.upper()} {alert.alertname}{{{labels}}}{value} {summary}".rstrip() + "\n")

@@ -20,7 +20,7 @@ from kvaudit.alerts.http import HttpPoster
 from kvaudit.alerts.instances import AlertInstance, AlertState
 from kvaudit.alerts.notifiers import parse_notifier
 from kvaudit.alerts.payloads import rfc3339
-from kvaudit.alerts.rules import Group, default_pack_text, load_default_pack, load_rules
+from kvaudit.alerts.rules import ALERTNAME, Group, default_pack_text, load_default_pack, load_rules
 from kvaudit.alerts.templates import format_value
 from kvaudit.cli import UsageError, command_parser
 from kvaudit.output import FORMATS, warn_read_errors, write_rows
@@ -107,7 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _row(alert: AlertInstance) -> tuple[object, ...]:
-    labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in ("alertname", "severity"))
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in (ALERTNAME, "severity"))
     value = None if alert.value is None else format_value(alert.value)
     summary = alert.annotations.get("summary")
     return alert.state.value, alert.severity, alert.alertname, labels, value, summary, rfc3339(alert.active_since)
@@ -129,9 +129,13 @@ def run_watch(args: argparse.Namespace) -> int:
     engine = RuleEngine(_groups(args.rules), state_path=args.state)
     store = TraceStore(args.paths)
     while True:
-        # Only complete lines: a writer may be in the middle of the last one.
-        tables = store.refresh(final=False)
-        warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
+        try:
+            # Only complete lines: a writer may be in the middle of the last one.
+            tables = store.refresh(final=False)
+            warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
+        except OSError as exc:
+            # A file rotated or a directory remounted: alert on what was read, retry next time.
+            print(f"kvaudit alerts: reading traces: {exc}", file=sys.stderr)
         alerts = engine.evaluate(store)
         dispatcher.dispatch(alerts, engine.clock())
         engine.save()  # what each notifier acknowledged

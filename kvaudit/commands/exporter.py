@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -27,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def serve(store: TraceStore, host: str, port: int) -> tuple[object, int]:
+def serve(store: TraceStore, host: str, port: int) -> tuple[WSGIServer, int]:
     """Start serving /metrics in a background thread; returns the server and its port."""
     registry = CollectorRegistry()
     registry.register(TraceMetrics(store))
