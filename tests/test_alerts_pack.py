@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,3 +112,15 @@ def test_watch_notifies_once_across_restarts_and_resolves(trace_dir: Path, tmp_p
     assert main(watch) == 0
     statuses = [json.loads(line)["status"] for line in out.read_text().splitlines()]
     assert statuses == ["firing", "resolved"]
+
+
+def test_watch_shows_what_it_could_not_deliver(trace_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    alert_traces.used_malformed_page(trace_dir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"webhook:http://127.0.0.1:{s.getsockname()[1]}/hook"  # nothing listens once closed
+    argv = ["alerts", "watch", str(trace_dir), "--state", str(tmp_path / "s.json"), "--once"]
+    assert main([*argv, "--notify", dead, "--notify", "stdout", "--retries", "0", "--timeout", "1s"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith('FIRING KVAuditCriticalFinding{replica="r2",rule="KVA001",severity="critical"} value=1')
+    assert f"kvaudit alerts: 1 firing, 0 pending; {dead}: 1 undelivered (1 failed so far)" in err

@@ -111,6 +111,7 @@ class RuleEngine:
         for sample in samples:
             # Templates see the row's own labels, as Prometheus' see the series' labels.
             labels = {**sample.labels, **{k: t.render(sample.labels, sample.value) for k, t in rule.labels.items()}}
+            labels = {k: v for k, v in labels.items() if v}  # an empty label is no label, as in Prometheus
             labels[ALERTNAME] = rule.alert
             key = fingerprint(labels)
             seen.add(key)

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.resources import as_file, files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Final
 
@@ -92,13 +93,17 @@ class Group:
     line: int
 
 
+def _default_pack() -> Traversable:
+    return files("kvaudit.alerts").joinpath("pack", "default.yaml")
+
+
 def default_pack_text() -> str:
     """The default rule pack shipped with kvaudit."""
-    return files("kvaudit.alerts").joinpath("pack", "default.yaml").read_text()
+    return _default_pack().read_text()
 
 
 def load_default_pack() -> list[Group]:
-    with as_file(files("kvaudit.alerts").joinpath("pack", "default.yaml")) as path:
+    with as_file(_default_pack()) as path:
         return load_rules([path])
 
 

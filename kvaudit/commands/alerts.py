@@ -128,6 +128,7 @@ def run_watch(args: argparse.Namespace) -> int:
     dispatcher = Dispatcher([parse_notifier(spec, http) for spec in args.notify or ["stdout"]])
     engine = RuleEngine(_groups(args.rules), state_path=args.state)
     store = TraceStore(args.paths)
+    status = ""
     while True:
         try:
             # Only complete lines: a writer may be in the middle of the last one.
@@ -139,22 +140,22 @@ def run_watch(args: argparse.Namespace) -> int:
         alerts = engine.evaluate(store)
         dispatcher.dispatch(alerts, engine.clock())
         engine.save()  # what each notifier acknowledged
-        _status(alerts, dispatcher)
+        status = _status(alerts, dispatcher, status)
         if args.once:
             return 0
         time.sleep(interval)
 
 
-def _status(alerts: Sequence[AlertInstance], dispatcher: Dispatcher) -> None:
+def _status(alerts: Sequence[AlertInstance], dispatcher: Dispatcher, last: str) -> str:
+    """Print how many alerts fire and how many notifications are owed, when that changed."""
     counts = {state: sum(a.state is state for a in alerts) for state in AlertState}
     owed = [
         f"{name}: {s.undelivered} undelivered ({s.failed} failed so far)"
         for name, s in dispatcher.stats.items()
         if s.undelivered
     ]
-    print(
-        f"kvaudit alerts: {counts[AlertState.FIRING]} firing, {counts[AlertState.PENDING]} pending"
-        + "".join(f"; {text}" for text in owed),
-        file=sys.stderr,
-        flush=True,
-    )
+    status = f"kvaudit alerts: {counts[AlertState.FIRING]} firing, {counts[AlertState.PENDING]} pending"
+    status += "".join(f"; {text}" for text in owed)
+    if status != last:
+        print(status, file=sys.stderr, flush=True)
+    return status
