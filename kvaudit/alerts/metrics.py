@@ -82,7 +82,7 @@ _FETCH_SPANS: Final = f"""
 _CROSS_REPLICA: Final = """
     WITH first_store AS (
         SELECT key, arg_min(replica, time_ns) AS producer, min(time_ns) AS stored_ns
-        FROM pages WHERE op = 'store' AND key IS NOT NULL GROUP BY key
+        FROM pages WHERE op = 'store' AND key IS NOT NULL AND tier IS DISTINCT FROM 'gpu' GROUP BY key
     )
     SELECT p.replica, f.producer, coalesce(sum(p.token_end - p.token_start), 0)
     FROM pages p JOIN first_store f ON f.key = p.key AND f.stored_ns <= p.time_ns
