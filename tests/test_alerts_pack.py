@@ -124,3 +124,14 @@ def test_watch_shows_what_it_could_not_deliver(trace_dir: Path, tmp_path: Path, 
     out, err = capsys.readouterr()
     assert out.startswith('FIRING KVAuditCriticalFinding{replica="r2",rule="KVA001",severity="critical"} value=1')
     assert f"kvaudit alerts: 1 firing, 0 pending; {dead}: 1 undelivered (1 failed so far)" in err
+
+
+def test_eval_exits_1_when_a_rule_fails(trace_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    alert_traces.rejected_pages(trace_dir)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "groups:\n  - name: g\n    rules:\n      - alert: Broken\n"
+        "        expr: SELECT replica, CAST(replica AS INTEGER) AS value FROM pages\n"
+    )
+    assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules)]) == 1
+    assert f"{rules}:4: alert Broken: Conversion Error" in caplog.text

@@ -63,7 +63,10 @@ class RuleEngine:
         self._next_due: dict[str, float] = {}
         rules = {(g.name, r.alert) for g in self.groups for r in g.rules}
         saved = load_state(self.state_path) if self.state_path is not None else []
-        self._alerts: dict[str, AlertInstance] = {a.fingerprint: a for a in saved if (a.group, a.alertname) in rules}
+        # Keyed by group too: two groups may hold alerts of the same name and labels.
+        self._alerts: dict[tuple[str, str], AlertInstance] = {
+            (a.group, a.fingerprint): a for a in saved if (a.group, a.alertname) in rules
+        }
 
     @property
     def alerts(self) -> list[AlertInstance]:
@@ -113,7 +116,7 @@ class RuleEngine:
             labels = {**sample.labels, **{k: t.render(sample.labels, sample.value) for k, t in rule.labels.items()}}
             labels = {k: v for k, v in labels.items() if v}  # an empty label is no label, as in Prometheus
             labels[ALERTNAME] = rule.alert
-            key = fingerprint(labels)
+            key = (rule.group, fingerprint(labels))
             seen.add(key)
             alert = self._alerts.get(key)
             if alert is None or alert.state is AlertState.RESOLVED:
