@@ -143,13 +143,13 @@ def test_unreachable_endpoint_is_retried_counted_and_kept_due(receiver: Receiver
     dispatcher.dispatch(alerts, T0 + 60)  # must not raise
     assert waits == [0.001, 0.002]
     assert dispatcher.stats[webhook.name].failed == 2 and dispatcher.stats[webhook.name].undelivered == 2
-    assert dispatcher.undelivered() == 2 and "not delivered" in caplog.text
+    assert "not delivered" in caplog.text
     assert dispatcher.stats["stdout"].delivered == 2  # other notifiers are not held up
     dispatcher.dispatch(alerts, T0 + 75)  # tried again: nothing is dropped
     assert dispatcher.stats[webhook.name].failed == 4
     webhook.url = receiver.url + "/hook"  # the endpoint comes back
     dispatcher.dispatch(alerts, T0 + 90)
-    assert dispatcher.undelivered() == 0 and len(receiver.posts) == 1
+    assert dispatcher.stats[webhook.name].undelivered == 0 and len(receiver.posts) == 1
     assert stdout.stream.getvalue().count("FIRING") == 2  # stdout heard it once
 
 

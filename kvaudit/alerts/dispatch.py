@@ -5,6 +5,7 @@ is due for a notifier when its state differs from that (it fired, or resolved), 
 when the notifier wants unchanged alerts re-sent and its resend interval has passed.
 A failed delivery leaves the record as it was, so the alert stays due and is tried
 again at the next evaluation: nothing firing is dropped, and the failure is counted.
+Delivery is at least once: a batch that failed halfway is sent whole again.
 """
 
 from __future__ import annotations
@@ -52,11 +53,6 @@ class Dispatcher:
                     for alert in due:
                         alert.notified[notifier.name] = Delivery(alert.state, now)
             stats.undelivered = sum(_is_due(a, notifier, now) for a in alerts)
-
-    def undelivered(self) -> int:
-        """Alerts owed to some notifier right now, summed over notifiers."""
-        return sum(s.undelivered for s in self.stats.values())
-
 
 def _is_due(alert: AlertInstance, notifier: Notifier, now: float) -> bool:
     if alert.state is AlertState.PENDING:
