@@ -135,3 +135,16 @@ def test_eval_exits_1_when_a_rule_fails(trace_dir: Path, tmp_path: Path, caplog:
     )
     assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules)]) == 1
     assert f"{rules}:4: alert Broken: Conversion Error" in caplog.text
+
+
+def test_rules_can_use_named_queries(trace_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    alert_traces.rejected_pages(trace_dir)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "groups:\n  - name: g\n    rules:\n      - alert: LowHitRate\n"
+        "        expr: SELECT replica, hit_rate AS value FROM query_summary WHERE hit_rate < 0.5\n"
+        "        labels: {severity: warning}\n"
+    )
+    assert main(["alerts", "check", str(rules)]) == 0
+    assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules), "--format", "csv"]) == 0
+    assert "firing,warning,LowHitRate,replica=r2,0," in capsys.readouterr().out
