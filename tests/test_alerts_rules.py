@@ -58,7 +58,7 @@ def test_a_good_file_loads_with_lines_and_durations(tmp_path: Path):
         (GOOD.replace("NOT used", "NOT usd"), 'rules.yaml:8: expr: Binder Error: Referenced column "usd" not found'),
         (GOOD.replace("count(*) AS value", "count(*) AS n"), "rules.yaml:7: expr: numeric column 'n' would be ignored"),
         (GOOD.replace("count(*) AS value", "'x' AS value"), "rules.yaml:7: expr: column 'value' must be numeric"),
-        (GOOD.replace("$labels.replica", "$labels.model"), "rules.yaml:5: annotations.summary: $labels.model is not a"),
+        (GOOD.replace("$labels.replica", "$labels.model"), "rules.yaml:13: annotations.summary: $labels.model is"),
         (GOOD.replace("humanizePercentage", "toUpper"), "rules.yaml:13: annotations.summary: unknown template"),
         (GOOD.replace("{{ $value }}", "{{ .Value }}"), "rules.yaml:13: annotations.summary: unsupported template"),
         (GOOD.replace("alert: Rejections", "alert: Too many"), "rules.yaml:5: alert name 'Too many' is not a valid"),

@@ -58,7 +58,7 @@ def check_rule(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[Problem]:
         for key, template in templates.items():
             for label in sorted(template.labels - set(columns.labels)):
                 problems.append(
-                    Problem(rule.file, rule.line, f"{what}.{key}: $labels.{label} is not a column of expr's result")
+                    Problem(rule.file, template.line, f"{what}.{key}: $labels.{label} is not a column of expr's result")
                 )
     return problems
 

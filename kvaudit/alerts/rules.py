@@ -247,7 +247,7 @@ class _Reader:
                 self.problem(key_node, f"label name {key!r} is not allowed")
                 ok = False
             try:
-                out[key] = parse_template(text)
+                out[key] = parse_template(text, value_node.start_mark.line + 1)
             except ValueError as exc:
                 self.problem(value_node, f"{what}.{key}: {exc}")
                 ok = False

@@ -49,9 +49,10 @@ class _Action:
 
 @dataclass(frozen=True)
 class Template:
-    """A parsed template: literal text and actions, in order."""
+    """A parsed template: literal text and actions, in order, and the file line it was written on."""
 
     parts: tuple[str | _Action, ...]
+    line: int = 0
 
     @property
     def labels(self) -> frozenset[str]:
@@ -77,7 +78,7 @@ def format_value(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def parse_template(text: str) -> Template:
+def parse_template(text: str, line: int = 0) -> Template:
     """Parse a template.
 
     Raises:
@@ -94,7 +95,7 @@ def parse_template(text: str) -> Template:
     if "{{" in rest:
         raise ValueError("unclosed template action '{{'")
     parts.append(rest)
-    return Template(tuple(p for p in parts if p != ""))
+    return Template(tuple(p for p in parts if p != ""), line)
 
 
 def _parse_action(action: str) -> _Action:
