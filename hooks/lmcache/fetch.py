@@ -1,0 +1,149 @@
+"""The fetch side: describe what one `StorageManager` fetch returned, and vet it in guard mode.
+
+LMCache serves a prefix: `_process_tokens_internal` stops at the first missing object
+of a fetch and drops the rest. Guard mode relies on exactly that: a page that fails
+the in-process checks becomes a missing object, so that page and every later one of
+the prefix are recomputed, and LMCache never sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
+from kvaudit.emission import Operation
+from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
+from kvaudit.hooks.lmcache.guard import violations
+from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, tier_of
+from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
+
+if TYPE_CHECKING:
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.memory_management import MemoryObj
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+logger = logging.getLogger(__name__)
+
+
+def start(state: Runtime, manager: StorageManager, op: Op, keys: Sequence[Any], location: str | None) -> Operation:
+    last = state.range_of(keys[-1]) if keys else None
+    return state.emitter(manager.config, manager.metadata).operation(
+        op,
+        hook=Hook.LMCACHE_ENGINE,
+        request_id=REQUEST_ID.get(),
+        backend=backend_label(location) if op is Op.FETCH else None,
+        tokens_requested=last[1] if last else None,
+    )
+
+
+def carries_metadata(manager: StorageManager, location: str | None) -> bool:
+    """Whether objects fetched from `location` carry their own shape, dtype and format.
+
+    Remote connectors that honour `save_chunk_meta` write no header when it is off,
+    and then allocate what they read from the reader's own configuration.
+    """
+    backend = manager.storage_backends.get(location) if location else None
+    connector = getattr(backend, "connection", None)
+    connector = getattr(connector, "_connector", connector)
+    if connector is None:
+        return True
+    from lmcache.v1.storage_backend.connector.lm_connector import LMCServerConnector
+
+    # LMCache's own server protocol sends shape, dtype and format with every object.
+    return isinstance(connector, LMCServerConnector) or bool(getattr(connector, "save_chunk_meta", True))
+
+
+def finish(
+    state: Runtime,
+    manager: StorageManager,
+    op: Operation,
+    keys: Sequence[CacheEngineKey],
+    objs: list[MemoryObj | None],
+    location: str | None,
+    *,
+    guard: bool,
+) -> list[MemoryObj | None]:
+    """Describe the fetched objects, end `op`, and return the objects LMCache may use."""
+    carried = carries_metadata(manager, location)
+    tier = tier_of(location)
+    consumer = state.kv_config(manager.config, manager.metadata) if guard else None
+    rate = state.options.checksum_rate
+    prefix_intact = True
+    rejected_at: int | None = None
+    used_pages = tokens_hit = 0
+    for index, (key, obj) in enumerate(zip(keys, objs, strict=False)):
+        if obj is None:
+            prefix_intact = False
+            continue
+        token_range = state.range_of(key)
+        page = fetch_page(
+            key,
+            obj,
+            carried_meta=carried,
+            hash_algo=state.hash_algo,
+            token_range=token_range,
+            tier=tier,
+            checksum=payload_checksum(obj) if sampled(key, rate) else None,
+        )
+        page.used = prefix_intact and rejected_at is None
+        if page.used and consumer is not None:
+            reasons = _vet(state, manager, key, obj, page, consumer, token_range)
+            if reasons:
+                rejected_at = index
+                page.used = False
+                logger.warning(
+                    "kvaudit guard: page %s rejected (%s); it and the %d later pages of its prefix will be recomputed",
+                    page.key,
+                    ", ".join(reasons),
+                    len(keys) - index - 1,
+                )
+        if page.used:
+            used_pages += 1
+            if token_range is not None:
+                tokens_hit += token_range[1] - token_range[0]
+        op.add_page(page)
+    if rejected_at is not None:
+        objs = list(objs)
+        for index in range(rejected_at, len(objs)):
+            obj = objs[index]
+            if obj is not None:
+                # LMCache releases only the objects it is given back.
+                obj.ref_count_down()
+                objs[index] = None
+    op.end(_outcome(used_pages, len(keys), rejected_at is not None), tokens_hit=tokens_hit)
+    return objs
+
+
+def _vet(
+    state: Runtime,
+    manager: StorageManager,
+    key: CacheEngineKey,
+    obj: MemoryObj,
+    page: PageDescriptor,
+    consumer: KVConfig,
+    token_range: tuple[int, int] | None,
+) -> list[str]:
+    expected_shape = None
+    if token_range is not None and consumer.layout == "KV_2LTD":
+        expected_shape = tuple(manager.metadata.get_shapes(token_range[1] - token_range[0])[0])
+    stored = state.registry.get(key) if state.registry is not None else None
+    if stored is not None and stored.checksum is not None and page.checksum is None:
+        # The producer hashed this page: hash it here too, whatever the sample says.
+        page.checksum = payload_checksum(obj)
+    return violations(page, consumer, expected_shape, stored)
+
+
+def _outcome(used: int, requested: int, rejected: bool) -> Outcome:
+    if requested and used == requested:
+        return Outcome.HIT
+    if used:
+        return Outcome.PARTIAL
+    return Outcome.REJECTED if rejected else Outcome.MISS
+
+
+def lookup_outcome(hit: int, requested: int) -> Outcome:
+    if requested and hit == requested:
+        return Outcome.HIT
+    return Outcome.PARTIAL if hit else Outcome.MISS

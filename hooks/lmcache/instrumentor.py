@@ -1,0 +1,246 @@
+"""The fetch and lookup hook: reversible wraps of LMCache's `StorageManager`.
+
+LMCache has no extension point on its read path, so, in the manner of OpenTelemetry's
+instrumentors, `instrument()` wraps the class methods every fetch and lookup goes
+through and `uninstrument()` puts the originals back. Both are idempotent. A wrap
+never lets an exception of its own reach LMCache: it falls back to the original
+result.
+
+Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode acts
+here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
+finish, not guarded), `batched_contains` (lookups); and, only to learn what those
+cannot see, the token databases' `process_tokens` (each key's token range, the hash
+algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Generator
+from typing import Any, Final
+
+from kvaudit.contract import Op, Outcome
+from kvaudit.emission import Emitter
+from kvaudit.hooks.lmcache import fetch, runtime
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_VERSIONS: Final = ("0.5.6",)
+
+_originals: dict[tuple[type, str], Callable[..., Any]] = {}
+
+
+def is_instrumented() -> bool:
+    return bool(_originals)
+
+
+def instrument(
+    *,
+    replica: str | None = None,
+    export: str | None = None,
+    emitter: Emitter | None = None,
+    guard: bool = False,
+    checksum_rate: float = 0.0,
+    registry: str | None = None,
+) -> bool:
+    """Install the fetch and lookup hooks; False (and one log line) on an unsupported LMCache.
+
+    Args:
+        replica: the replica id (`service.instance.id`); default LMCache's instance id.
+        export: `file:PATH` or `otlp:URL` (see `kvaudit.emission.exporter_for`).
+        emitter: an emitter to use instead of making one from `replica` and `export`.
+        guard: turn fetched pages that fail the in-process checks into misses.
+        checksum_rate: share of pages whose payload gets an xxh3 checksum (0 to 1).
+        registry: a directory shared by the replicas where stores leave their
+            descriptors, so the guard can compare a fetched page with its store.
+    """
+    if _originals:
+        return True
+    import lmcache
+
+    if lmcache.__version__ not in SUPPORTED_VERSIONS:
+        logger.error(
+            "kvaudit: LMCache %s is not supported (supported: %s); LMCache hooks not installed",
+            lmcache.__version__,
+            ", ".join(SUPPORTED_VERSIONS),
+        )
+        return False
+    from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+    from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
+
+    options = runtime.Options(replica, export, guard, checksum_rate, registry)
+    runtime.install(runtime.Runtime(options, emitter))
+    _wrap(StorageManager, "batched_get", _batched_get)
+    _wrap(StorageManager, "get", _get)
+    _wrap(StorageManager, "get_non_blocking", _get_non_blocking)
+    _wrap(StorageManager, "layerwise_batched_get", _layerwise_batched_get)
+    _wrap(StorageManager, "batched_contains", _batched_contains)
+    for name in ("store", "retrieve", "lookup"):
+        _wrap(LMCacheEngine, name, _with_request_id)
+    _wrap(ChunkedTokenDatabase, "process_tokens", _process_tokens)
+    _wrap(SegmentTokenDatabase, "process_tokens", _process_tokens)
+    return True
+
+
+def uninstrument() -> None:
+    """Restore every wrapped method and flush what was recorded."""
+    for (cls, name), original in _originals.items():
+        setattr(cls, name, original)
+    _originals.clear()
+    runtime.clear()
+
+
+def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = cls.__dict__[name]
+    _originals[(cls, name)] = original
+    setattr(cls, name, functools.wraps(original)(make(original)))
+
+
+def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None) -> Any:
+    try:
+        return fetch.start(state, manager, op, keys, location)
+    except Exception as exc:  # the hook's own failure must not become LMCache's
+        runtime.failed(op.value, exc)
+        return None
+
+
+def _call(op: Any, original: Callable[..., Any], *args: Any) -> Any:
+    """The original call; an exception of LMCache's ends the operation as an error, then propagates."""
+    try:
+        return original(*args)
+    except BaseException:
+        if op is not None:
+            op.end(Outcome.ERROR)
+        raise
+
+
+def _finish(state: runtime.Runtime, manager: Any, op: Any, keys: Any, objs: Any, location: Any, guard: bool) -> Any:
+    if op is None:
+        return objs
+    try:
+        return fetch.finish(state, manager, op, keys, objs, location, guard=guard)
+    except Exception as exc:  # the hook's own failure must not become LMCache's
+        runtime.failed("fetch", exc)
+        return objs
+
+
+def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
+    def batched_get(self: Any, keys: Any, location: str | None = None) -> Any:
+        state = runtime.current()
+        if state is None:
+            return original(self, keys, location)
+        op = _start(state, self, Op.FETCH, keys, location)
+        objs = _call(op, original, self, keys, location)
+        return _finish(state, self, op, keys, objs, location, state.options.guard)
+
+    return batched_get
+
+
+def _get(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get(self: Any, key: Any, location: str | None = None) -> Any:
+        state = runtime.current()
+        if state is None:
+            return original(self, key, location)
+        op = _start(state, self, Op.FETCH, [key], location)
+        obj = _call(op, original, self, key, location)
+        return _finish(state, self, op, [key], [obj], location, state.options.guard)[0]
+
+    return get
+
+
+def _get_non_blocking(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_non_blocking(self: Any, key: Any, location: str | None = None) -> Any:
+        state = runtime.current()
+        if state is None:
+            return original(self, key, location)
+        op = _start(state, self, Op.FETCH, [key], location)
+        future = _call(op, original, self, key, location)
+        _observe(state, self, op, [key], future, location)
+        return future
+
+    return get_non_blocking
+
+
+def _layerwise_batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
+    def layerwise_batched_get(self: Any, keys: Any, location: str | None = None) -> Generator[Any, None, None]:
+        state = runtime.current()
+        # LMCache reads the layerwise path from its local CPU backend when no location is given.
+        where = location or "LocalCPUBackend"
+        for layer_keys, future in zip(keys, original(self, keys, location), strict=False):
+            if state is not None:
+                op = _start(state, self, Op.FETCH, layer_keys, where)
+                _observe(state, self, op, layer_keys, future, where)
+            yield future
+
+    return layerwise_batched_get
+
+
+def _observe(state: runtime.Runtime, manager: Any, op: Any, keys: Any, future: Any, location: str | None) -> None:
+    """Describe a non-blocking fetch when its future finishes (observed only: LMCache has the objects by then)."""
+    if future is None:
+        _finish(state, manager, op, keys, [None] * len(keys), location, False)
+        return
+
+    def done(finished: Any) -> None:
+        failed = finished.cancelled() or finished.exception() is not None
+        result = [None] * len(keys) if failed else finished.result()
+        objs = result if isinstance(result, list) else [result]
+        _finish(state, manager, op, keys, objs + [None] * (len(keys) - len(objs)), location, False)
+
+    future.add_done_callback(done)
+
+
+def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
+    def batched_contains(self: Any, keys: Any, search_range: Any = None, pin: bool = False) -> Any:
+        state = runtime.current()
+        if state is None:
+            return original(self, keys, search_range, pin)
+        op = _start(state, self, Op.LOOKUP, keys, None)
+        hit, mapping = _call(op, original, self, keys, search_range, pin)
+        if op is not None:
+            try:
+                last = state.range_of(keys[hit - 1]) if hit else None
+                op.end(fetch.lookup_outcome(hit, len(keys)), tokens_hit=last[1] if last else 0)
+            except Exception as exc:  # the hook's own failure must not become LMCache's
+                runtime.failed("lookup", exc)
+        return hit, mapping
+
+    return batched_contains
+
+
+def _with_request_id(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request_id = kwargs.get("req_id") or kwargs.get("lookup_id")
+        if request_id is None:
+            return original(self, *args, **kwargs)
+        token = runtime.REQUEST_ID.set(str(request_id))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            runtime.REQUEST_ID.reset(token)
+
+    return call
+
+
+def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
+    def process_tokens(self: Any, *args: Any, **kwargs: Any) -> Generator[Any, None, None]:
+        state = runtime.current()
+        if state is None or not kwargs.get("make_key", True):
+            yield from original(self, *args, **kwargs)
+            return
+        if state.hash_algo is None:
+            state.hash_algo = _hash_algo_name(self)
+        for start, end, key in original(self, *args, **kwargs):
+            state.remember_range(key, start, end)
+            yield start, end, key
+
+    return process_tokens
+
+
+def _hash_algo_name(database: Any) -> str:
+    # LMCache falls back to Python's `hash` whatever it was configured with when vLLM's
+    # hash functions cannot be imported: name the function actually used.
+    name = getattr(database.hash_func, "__name__", "unknown")
+    return "builtin" if name == "hash" else name

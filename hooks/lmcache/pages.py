@@ -1,0 +1,128 @@
+"""Page descriptors of LMCache's stored and fetched memory objects (DESIGN.md section 3).
+
+A store descriptor is complete: the storing engine knows its own configuration. A
+fetch descriptor holds only what the fetched object carried: its key (model, world
+size, worker and chunk hash are part of LMCache's `CacheEngineKey`), and its shape,
+dtype and memory format when the backend transmitted them. A backend that did not
+(the `fs://` connector with `save_chunk_meta=False` allocates the object from the
+reader's own configuration) leaves those fields absent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from kvaudit.contract import PageDescriptor
+
+if TYPE_CHECKING:
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.memory_management import MemoryObj
+    from lmcache.v1.metadata import LMCacheMetadata
+
+# LMCache copies every fetched payload into a memory object of its own.
+TRANSFER: Final = "copy"
+
+_TIER_OF_BACKEND: Final = {
+    "LocalCPUBackend": "cpu",
+    "LocalDiskBackend": "disk",
+    "RemoteBackend": "remote",
+    "P2PBackend": "remote",
+}
+_SHORT_NAME: Final = {
+    "LocalCPUBackend": "local_cpu",
+    "LocalDiskBackend": "local_disk",
+    "RemoteBackend": "remote",
+}
+
+
+def backend_label(name: str | None) -> str:
+    """The contract's backend name (`lmcache.local_cpu`, `lmcache.remote`, ...)."""
+    if name is None:
+        return "lmcache"
+    base = name.split("-", 1)[0]
+    return "lmcache." + _SHORT_NAME.get(base, base)
+
+
+def tier_of(name: str | None) -> str | None:
+    return None if name is None else _TIER_OF_BACKEND.get(name.split("-", 1)[0])
+
+
+def key_hex(key: CacheEngineKey) -> str:
+    """The chunk hash as unsigned hex: Python's builtin hash, LMCache's default, is signed."""
+    chunk_hash = key.chunk_hash
+    if isinstance(chunk_hash, bytes):
+        return chunk_hash.hex()
+    return f"{chunk_hash & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def dtype_name(dtype: object) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def store_page(
+    key: CacheEngineKey,
+    obj: MemoryObj,
+    metadata: LMCacheMetadata,
+    hash_algo: str | None,
+    token_range: tuple[int, int] | None,
+    checksum: str | None,
+) -> PageDescriptor:
+    """The complete descriptor of a page this engine stores."""
+    layers, _, _, kv_heads, head_size = metadata.kv_shape
+    start, end = token_range if token_range is not None else (None, None)
+    return PageDescriptor(
+        key=key_hex(key),
+        hash_algo=hash_algo,
+        token_start=start,
+        token_end=end,
+        model=key.model_name,
+        dtype=dtype_name(obj.get_dtype()),
+        shape=tuple(obj.get_shape()),
+        layout=obj.get_memory_format().name,
+        bytes=obj.get_size(),
+        world_size=key.world_size,
+        rank=key.worker_id,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_size=head_size,
+        checksum=checksum,
+        transfer=TRANSFER,
+    )
+
+
+def fetch_page(
+    key: CacheEngineKey,
+    obj: MemoryObj,
+    *,
+    carried_meta: bool,
+    hash_algo: str | None,
+    token_range: tuple[int, int] | None,
+    tier: str | None,
+    checksum: str | None,
+) -> PageDescriptor:
+    """What a fetched object carried; `used` is decided later (LMCache's prefix rule, the guard)."""
+    start, end = token_range if token_range is not None else (None, None)
+    page = PageDescriptor(
+        key=key_hex(key),
+        hash_algo=hash_algo,
+        token_start=start,
+        token_end=end,
+        model=key.model_name,
+        bytes=obj.get_size(),
+        world_size=key.world_size,
+        rank=key.worker_id,
+        checksum=checksum,
+        transfer=TRANSFER,
+        tier=tier,
+    )
+    if carried_meta:
+        shape = tuple(obj.get_shape())
+        fmt = obj.get_memory_format()
+        page.dtype = dtype_name(obj.get_dtype())
+        page.shape = shape
+        page.layout = fmt.name
+        # KV_2LTD is [2, layers, tokens, heads*head_size]: the layer count is carried,
+        # the head split is not.
+        if fmt.name == "KV_2LTD" and len(shape) == 4:
+            page.layers = shape[1]
+    return page

@@ -1,0 +1,178 @@
+"""The process-wide state the LMCache hooks share: options, emitter, token ranges.
+
+The store plugin is built by LMCache from its configuration, the instrumentor by the
+caller; both reach the same `Runtime`. Its emitter is made when the first operation is
+recorded, because only then is the engine's own KV configuration (its resource) known.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from kvaudit.contract import KVConfig
+from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.hooks.lmcache.registry import StoreRegistry
+
+if TYPE_CHECKING:
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+
+logger = logging.getLogger(__name__)
+
+# extra_config entries read when the plugin, not `instrument()`, configures the hooks.
+CFG_REPLICA: Final = "kvaudit.replica"
+CFG_EXPORT: Final = "kvaudit.export"
+CFG_GUARD: Final = "kvaudit.guard"
+CFG_CHECKSUM_RATE: Final = "kvaudit.checksum_rate"
+CFG_REGISTRY: Final = "kvaudit.registry"
+
+# The request an engine call serves, set around LMCacheEngine's store/retrieve/lookup
+# so the storage-level hooks below them can name it.
+REQUEST_ID: ContextVar[str | None] = ContextVar("kvaudit_lmcache_request_id", default=None)
+
+# Token ranges of recently hashed keys. A chained prefix hash fixes its position in
+# the prompt, so one entry per key is enough; the bound only caps memory.
+_MAX_RANGES: Final = 1 << 16
+
+
+@dataclass(frozen=True)
+class Options:
+    replica: str | None = None
+    export: str | None = None
+    guard: bool = False
+    checksum_rate: float = 0.0
+    registry: str | None = None
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> Options:
+        extra = extra or {}
+        return cls(
+            replica=extra.get(CFG_REPLICA),
+            export=extra.get(CFG_EXPORT),
+            guard=str(extra.get(CFG_GUARD, "false")).lower() in ("1", "true", "yes"),
+            checksum_rate=float(extra.get(CFG_CHECKSUM_RATE, 0.0)),
+            registry=extra.get(CFG_REGISTRY),
+        )
+
+
+class Runtime:
+    def __init__(self, options: Options, emitter: Emitter | None = None) -> None:
+        self.options = options
+        self.registry = StoreRegistry(options.registry) if options.registry else None
+        self.hash_algo: str | None = None
+        self._emitter = emitter
+        self._owns_emitter = emitter is None
+        self._lock = threading.Lock()
+        self._ranges: dict[CacheEngineKey, tuple[int, int]] = {}
+
+    def emitter(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> Emitter:
+        if self._emitter is None:
+            with self._lock:
+                if self._emitter is None:
+                    self._emitter = self._make_emitter(config, metadata)
+        return self._emitter
+
+    def _make_emitter(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> Emitter:
+        import lmcache
+
+        replica = self.options.replica or config.lmcache_instance_id or "lmcache"
+        return setup_emitter(
+            replica,
+            self.options.export,
+            engine="lmcache",
+            engine_version=lmcache.__version__,
+            kv=self.kv_config(config, metadata),
+        )
+
+    def kv_config(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> KVConfig:
+        """The engine's own configuration, as its resource declares it and the guard checks it."""
+        layers, _, _, kv_heads, head_size = metadata.kv_shape
+        return KVConfig(
+            model=metadata.model_name,
+            dtype=str(metadata.kv_dtype).removeprefix("torch."),
+            layout=expected_format(config, metadata),
+            block_size=metadata.chunk_size,
+            world_size=metadata.world_size,
+            rank=metadata.worker_id,
+            hash_algo=self.hash_algo,
+            layers=layers,
+            kv_heads=kv_heads,
+            head_size=head_size,
+        )
+
+    def remember_range(self, key: CacheEngineKey, start: int, end: int) -> None:
+        ranges = self._ranges
+        ranges[key] = (start, end)
+        if len(ranges) > _MAX_RANGES:
+            # Dicts keep insertion order: drop the oldest quarter in one go.
+            for old in list(ranges)[: _MAX_RANGES // 4]:
+                ranges.pop(old, None)
+
+    def range_of(self, key: CacheEngineKey) -> tuple[int, int] | None:
+        return self._ranges.get(key)
+
+    def flush(self) -> None:
+        if self._emitter is not None:
+            self._emitter.flush()
+
+    def close(self) -> None:
+        """Export what was recorded; shut down the emitter if this runtime made it."""
+        if self._emitter is None:
+            return
+        if self._owns_emitter:
+            self._emitter.shutdown()
+        else:
+            self._emitter.flush()
+
+
+def expected_format(config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> str:
+    """The memory format this engine allocates its pages in (as `LMCacheEngine` picks it)."""
+    if metadata.use_mla:
+        return "KV_MLA_FMT"
+    if config.use_layerwise:
+        return "KV_2TD" if config.enable_blending else "KV_T2D"
+    return "KV_2LTD"
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+_failures = 0
+
+
+def failed(what: str, exc: BaseException) -> None:
+    """A hook failed and LMCache carries on unobserved: say so once, then count."""
+    global _failures
+    _failures += 1
+    if _failures == 1:
+        logger.warning("kvaudit: LMCache %s not recorded (%r); further failures are logged at debug level", what, exc)
+    else:
+        logger.debug("kvaudit: LMCache %s not recorded (%r)", what, exc)
+
+
+def failures() -> int:
+    """How many operations the hooks failed to record in this process."""
+    return _failures
+
+
+def current() -> Runtime | None:
+    return _runtime
+
+
+def install(runtime: Runtime) -> Runtime:
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime
+    return runtime
+
+
+def clear() -> None:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+        _runtime = None

@@ -1,0 +1,549 @@
+"""The LMCache hook against real LMCache 0.5.6: real engines in separate OS processes,
+sharing LMCache's own `lm://` server on 127.0.0.1 or an `fs://` directory.
+
+The replicas run `tests/lmcache_replica.py`; their engines copy KV with the CPU copy
+connector of `kvaudit.hooks.lmcache.testing`, which stands in for LMCache's CUDA copy
+kernel only. What the hooks recorded is read back through the `pages`, `spans` and
+`replicas` views of `kvaudit.store`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
+torch = pytest.importorskip("torch")
+
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor  # noqa: E402
+from kvaudit.store import TraceStore  # noqa: E402
+
+# LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
+
+REPLICA_SCRIPT = Path(__file__).with_name("lmcache_replica.py")
+TOKENS = 1000  # LMCache stores full 256-token chunks only: 768 tokens, 3 pages
+STORED = 768
+ENV = {
+    **os.environ,
+    "LMCACHE_TRACK_USAGE": "false",
+    # LMCache's default hash is Python's `hash` of int tuples; fixed anyway, as LMCache asks.
+    "PYTHONHASHSEED": "0",
+}
+GEOMETRY_R1 = {"layers": 2, "kv_heads": 2, "head_size": 16}
+# Same width (2 x 16 = 4 x 8), another head split: LMCache cannot tell the difference.
+GEOMETRY_SPLIT = {"layers": 2, "kv_heads": 4, "head_size": 8}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lm_url() -> Iterator[str]:
+    """LMCache's own server, `python -m lmcache.v1.server 127.0.0.1 PORT cpu`."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("LMCache server did not start") from None
+                time.sleep(0.2)
+        yield f"lm://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _spec(
+    tmp: Path, replica: str, role: str, pools: list[dict[str, Any]], geometry: dict[str, int], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "replica": replica,
+        "role": role,
+        "pools": pools,
+        "tokens": TOKENS,
+        "seed": sum(map(ord, replica)),
+        "export": f"file:{tmp / 'traces' / replica}.jsonl",
+        "out": str(tmp / f"{replica}.json"),
+        **geometry,
+        **extra,
+    }
+
+
+def _run(*specs: dict[str, Any]) -> None:
+    """Run replicas as OS processes, at most two at a time (the machine has two cores)."""
+    for batch in (specs[i : i + 2] for i in range(0, len(specs), 2)):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(REPLICA_SCRIPT), json.dumps(spec)],
+                env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for spec in batch
+        ]
+        for spec, proc in zip(batch, procs, strict=True):
+            output, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"replica {spec['replica']} failed:\n{output[-3000:]}"
+
+
+class Runs:
+    """What the replicas of one module run reported, and their traces."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.store = TraceStore([tmp / "traces"])
+        self.store.refresh()
+
+    def result(self, replica: str, pool: int = 0) -> dict[str, int]:
+        return json.loads((self.tmp / f"{replica}.json").read_text())[pool]
+
+    def kv(self, replica: str, pool: int = 0) -> Any:
+        return torch.load(self.tmp / f"{replica}.json.{pool}.pt")
+
+    def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        columns, rows = self.store.query(query, params)
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+
+    def pages(self, replica: str, op: str, pool: int = 0) -> list[dict[str, Any]]:
+        """The pages of `replica`'s `op` on its `pool`-th pool (each pool is one span, in order)."""
+        return self.rows(
+            """
+            WITH ops AS (
+                SELECT span_id, row_number() OVER (ORDER BY start_ns) - 1 AS pool
+                FROM spans WHERE replica = $replica AND op = $op
+            )
+            SELECT pages.* FROM pages JOIN ops USING (span_id)
+            WHERE pages.replica = $replica AND ops.pool = $pool ORDER BY token_start
+            """,
+            replica=replica,
+            op=op,
+            pool=pool,
+        )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, lm_url: str) -> Iterator[Runs]:
+    tmp = tmp_path_factory.mktemp("lmcache")
+    (tmp / "traces").mkdir()
+    registry = str(tmp / "registry")
+    lm = [{"url": lm_url, "offset": 0}]
+    # Two fs:// pools, with and without LMCache's chunk header, each with its own tokens.
+    fs = [
+        {"url": f"fs://localhost:0{tmp / 'pool-meta'}", "offset": 10_000},
+        {"url": f"fs://localhost:0{tmp / 'pool-bare'}", "offset": 20_000, "extra_config": {"save_chunk_meta": False}},
+    ]
+    # Producers first: r1 into the lm:// server, leaving descriptors in the registry and
+    # hashing every page; f1 into the two fs:// pools.
+    _run(
+        _spec(tmp, "r1", "store", lm, GEOMETRY_R1, registry=registry, checksum_rate=1.0),
+        _spec(tmp, "f1", "store", fs, GEOMETRY_R1),
+    )
+    # Consumers: the same geometry, the other head split without and with the guard,
+    # and the fs:// reader.
+    _run(
+        _spec(tmp, "r2", "fetch", lm, GEOMETRY_R1, checksum_rate=1.0),
+        _spec(tmp, "r3", "fetch", lm, GEOMETRY_SPLIT),
+        _spec(tmp, "r4", "fetch", lm, GEOMETRY_SPLIT, guard=True, registry=registry, checksum_rate=1.0),
+        _spec(tmp, "f2", "fetch", fs, GEOMETRY_R1),
+    )
+    result = Runs(tmp)
+    yield result
+    result.store.close()
+
+
+def _descriptor(row: dict[str, Any]) -> PageDescriptor:
+    fields = {name: row[name] for name in PageDescriptor.__struct_fields__ if row.get(name) is not None}
+    if "shape" in fields:
+        fields["shape"] = tuple(fields["shape"])
+    return PageDescriptor(**fields)
+
+
+def _cross_replica_fetches(runs: Runs, consumer: str) -> list[dict[str, Any]]:
+    """Fetched pages of `consumer` joined to the earliest earlier store of their key by another replica."""
+    return runs.rows(
+        """
+        SELECT f.key, f.used, f.bytes AS fetched_bytes, s.bytes AS stored_bytes, s.replica AS producer
+        FROM pages f
+        JOIN pages s ON s.key = f.key AND s.op = 'store' AND s.replica <> f.replica AND s.time_ns <= f.time_ns
+        WHERE f.op = 'fetch' AND f.replica = $consumer
+        QUALIFY row_number() OVER (PARTITION BY f.key ORDER BY s.time_ns) = 1
+        ORDER BY f.token_start
+        """,
+        consumer=consumer,
+    )
+
+
+@pytest.mark.parametrize(("producer", "consumer"), [("r1", "r2"), ("f1", "f2")])
+def test_replica_fetches_the_other_replicas_pages(runs: Runs, producer: str, consumer: str) -> None:
+    assert runs.result(consumer) == {"lookup": STORED, "retrieved": STORED, "recomputed": TOKENS - STORED}
+    assert torch.equal(runs.kv(consumer)[:, :, :STORED], runs.kv(producer)[:, :, :STORED])
+
+    reuse = _cross_replica_fetches(runs, consumer)
+    pools = 2 if producer == "f1" else 1
+    assert [row["producer"] for row in reuse] == [producer] * 3 * pools
+    assert all(row["used"] and row["fetched_bytes"] == row["stored_bytes"] == 65536 for row in reuse)
+
+    stored = [_descriptor(row) for row in runs.pages(producer, "store")]
+    fetched = [_descriptor(row) for row in runs.pages(consumer, "fetch")]
+    assert [page.missing(REQUIRED_ON_STORE) for page in stored] == [[]] * 3
+    assert [page.missing(REQUIRED_ON_FETCH) for page in fetched] == [[]] * 3
+    assert [(p.token_start, p.token_end) for p in fetched] == [(0, 256), (256, 512), (512, 768)]
+    for store, fetch in zip(stored, fetched, strict=True):
+        assert (fetch.key, fetch.model, fetch.dtype, fetch.shape, fetch.layout, fetch.bytes) == (
+            store.key,
+            store.model,
+            store.dtype,
+            store.shape,
+            store.layout,
+            store.bytes,
+        )
+        assert (fetch.layout, fetch.shape, fetch.tier) == ("KV_2LTD", (2, 2, 256, 32), "remote")
+        # The fetched object carries no head split: only the store side knows it.
+        assert (fetch.kv_heads, fetch.head_size, store.kv_heads, store.head_size) == (None, None, 2, 16)
+    if producer == "r1":  # both sides hashed every page
+        assert [p.checksum for p in fetched] == [p.checksum for p in stored]
+        assert all(p.checksum.startswith("xxh3_64:") for p in fetched)
+
+    lookup = runs.rows("SELECT * FROM spans WHERE replica = $r AND op = 'lookup' ORDER BY start_ns", r=consumer)[0]
+    assert (lookup["outcome"], lookup["tokens_hit"], lookup["tokens_requested"]) == ("hit", STORED, STORED)
+
+
+def test_cross_replica_reuse_through_kvaudit_sql(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvaudit.cli import main
+
+    query = """
+        SELECT f.replica AS consumer, s.replica AS producer, count(DISTINCT f.key) AS pages, sum(f.bytes) AS bytes
+        FROM pages f JOIN pages s ON s.key = f.key AND s.op = 'store' AND s.replica <> f.replica
+        WHERE f.op = 'fetch' AND f.used GROUP BY ALL ORDER BY consumer
+    """
+    assert main(["sql", str(runs.tmp / "traces"), query, "--format", "json"]) == 0
+    reuse = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert reuse == [
+        {"consumer": "f2", "producer": "f1", "pages": 6, "bytes": 6 * 65536},
+        {"consumer": "r2", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
+        {"consumer": "r3", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
+    ]
+
+
+def test_silent_misread_is_a_full_hit_the_traces_expose(runs: Runs) -> None:
+    # r3 splits the same width into 4 heads of 8: LMCache serves r1's pages, no error.
+    assert runs.result("r3") == {"lookup": STORED, "retrieved": STORED, "recomputed": TOKENS - STORED}
+    r1, r3 = runs.kv("r1"), runs.kv("r3")
+    assert torch.equal(r3[:, :, :STORED].flatten(3), r1[:, :, :STORED].flatten(3))  # the same bytes ...
+    assert torch.equal(r3[:, :, :STORED, 1], r1[:, :, :STORED, 0, 8:])  # r3's head 1 is half of r1's head 0
+
+    reuse = _cross_replica_fetches(runs, "r3")
+    assert [(row["producer"], row["used"]) for row in reuse] == [("r1", True)] * 3
+    # ... read under another geometry, which only the traces can tell: the producer's
+    # store descriptors against the consumer's own configuration.
+    mismatches = runs.rows(
+        """
+        SELECT f.key, s.kv_heads AS stored_heads, s.head_size AS stored_head_size,
+               r.kv_heads AS own_heads, r.head_size AS own_head_size
+        FROM pages f
+        JOIN pages s ON s.key = f.key AND s.op = 'store'
+        JOIN replicas r ON r.replica = f.replica
+        WHERE f.op = 'fetch' AND f.replica = 'r3' AND f.used
+          AND (s.kv_heads <> r.kv_heads OR s.head_size <> r.head_size)
+        """
+    )
+    assert [(m["stored_heads"], m["stored_head_size"], m["own_heads"], m["own_head_size"]) for m in mismatches] == [
+        (2, 16, 4, 8)
+    ] * 3
+
+
+def test_guard_turns_the_misread_into_a_miss_and_recompute(runs: Runs) -> None:
+    # r4 is r3 with guard mode and the store registry: nothing of r1's is used.
+    assert runs.result("r4") == {"lookup": STORED, "retrieved": 0, "recomputed": TOKENS}
+    generator = torch.Generator().manual_seed(sum(map(ord, "r4")))
+    own = torch.randn(runs.kv("r4").shape, generator=generator).to(torch.bfloat16)
+    assert torch.equal(runs.kv("r4"), own)
+
+    fetched = runs.pages("r4", "fetch")
+    assert [(row["used"], row["outcome"]) for row in fetched] == [(False, "rejected")] * 3
+    [span] = runs.rows("SELECT * FROM spans WHERE replica = 'r4' AND op = 'fetch'")
+    assert (span["outcome"], span["tokens_hit"], span["pages"]) == ("rejected", 0, 3)
+
+
+def test_fs_without_chunk_meta_fetches_pages_missing_their_metadata(runs: Runs) -> None:
+    # f1 wrote its second pool with save_chunk_meta=False: no header, so f2's reader
+    # allocates the objects from its own configuration, and the descriptors say so.
+    assert runs.result("f2", pool=1)["retrieved"] == STORED
+    assert torch.equal(runs.kv("f2", pool=1)[:, :, :STORED], runs.kv("f1", pool=1)[:, :, :STORED])
+    fetched = [_descriptor(row) for row in runs.pages("f2", "fetch", pool=1)]
+    assert [sorted(page.missing(REQUIRED_ON_FETCH)) for page in fetched] == [["dtype", "layout", "shape"]] * 3
+    assert all(page.used for page in fetched)
+    stored = [_descriptor(row) for row in runs.pages("f1", "store", pool=1)]
+    assert [page.missing(REQUIRED_ON_STORE) for page in stored] == [[]] * 3
+    assert [p.key for p in stored] == [p.key for p in fetched]
+
+
+def test_every_hooked_process_declares_its_own_configuration(runs: Runs) -> None:
+    rows = runs.rows("SELECT replica, engine, engine_version, kv_heads, head_size, layout FROM replicas ORDER BY 1")
+    declared = {row["replica"]: row for row in rows}
+    assert set(declared) == {"f1", "f2", "r1", "r2", "r3", "r4"}
+    assert (declared["r3"]["kv_heads"], declared["r3"]["head_size"]) == (4, 8)
+    assert {(row["engine"], row["engine_version"], row["layout"]) for row in rows} == {("lmcache", "0.5.6", "KV_2LTD")}
+    assert runs.rows("SELECT * FROM read_errors") == []
+
+
+def _local_round(name: str, hooked: bool) -> tuple[int, int, Any]:
+    """Store a sequence in a local-CPU-only engine, then look it up and retrieve it."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    engine = cpu_engine(
+        name,
+        **GEOMETRY_R1,
+        storage_plugins=[hook.PLUGIN_NAME] if hooked else [],
+        extra_config=hook.plugin_config() if hooked else {},
+    )
+    try:
+        tokens = list(range(TOKENS))
+        kv = torch.randn(2, 2, TOKENS, 2, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+        engine.store(tokens, kvcache=kv, req_id="req-store")
+        looked_up = engine.lookup(tokens, lookup_id="req-load")
+        out = torch.zeros_like(kv)
+        retrieved = int(engine.retrieve(tokens, kvcache=out, req_id="req-load").sum())
+        return looked_up, retrieved, out
+    finally:
+        LMCacheEngineBuilder.destroy(name)
+
+
+def test_hooks_change_nothing_with_guard_off(tmp_path: Path) -> None:
+    from kvaudit.hooks import lmcache as hook
+
+    plain = _local_round("plain", hooked=False)
+    assert hook.instrument(replica="same", export=f"file:{tmp_path}/same.jsonl", checksum_rate=1.0)
+    try:
+        hooked = _local_round("hooked", hooked=True)
+    finally:
+        hook.uninstrument()
+    assert plain[:2] == hooked[:2] == (STORED, STORED)
+    assert torch.equal(plain[2], hooked[2])
+
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, rows = store.query("SELECT op, count(*), bool_and(coalesce(used, true)) FROM pages GROUP BY op ORDER BY op")
+    assert rows == [("fetch", 3, True), ("store", 3, True)]
+    _, rows = store.query("SELECT op, request_id FROM spans WHERE op IS NOT NULL ORDER BY start_ns")
+    assert rows == [("store", "req-store"), ("lookup", "req-load"), ("fetch", "req-load")]
+    store.close()
+
+
+def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCaptureFixture) -> None:
+    import lmcache
+    from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from kvaudit.hooks import lmcache as hook
+
+    names = ("batched_get", "get", "get_non_blocking", "layerwise_batched_get", "batched_contains")
+    originals = {name: StorageManager.__dict__[name] for name in names}
+    tokens_original = ChunkedTokenDatabase.__dict__["process_tokens"]
+    engine_originals = {name: LMCacheEngine.__dict__[name] for name in ("store", "retrieve", "lookup")}
+    assert hook.instrument(replica="idem", export="file:/dev/null")
+    wrapped = {name: StorageManager.__dict__[name] for name in names}
+    assert all(wrapped[name] is not originals[name] for name in names)
+    assert hook.instrument(replica="idem", export="file:/dev/null")  # a second call changes nothing
+    assert {name: StorageManager.__dict__[name] for name in names} == wrapped
+    hook.uninstrument()
+    hook.uninstrument()
+    assert {name: StorageManager.__dict__[name] for name in names} == originals
+    assert ChunkedTokenDatabase.__dict__["process_tokens"] is tokens_original
+    assert {name: LMCacheEngine.__dict__[name] for name in engine_originals} == engine_originals
+    assert not hook.is_instrumented()
+
+    real_version = lmcache.__version__
+    lmcache.__version__ = "0.4.2"
+    try:
+        with caplog.at_level("ERROR"):
+            assert not hook.instrument(replica="old")
+    finally:
+        lmcache.__version__ = real_version
+    assert not hook.is_instrumented()
+    assert [r.getMessage() for r in caplog.records if "kvaudit" in r.getMessage()] == [
+        "kvaudit: LMCache 0.4.2 is not supported (supported: 0.5.6); LMCache hooks not installed"
+    ]
+    assert StorageManager.__dict__["batched_get"] is originals["batched_get"]
+
+
+def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path: Path) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert hook.instrument(replica="single", export=f"file:{tmp_path}/single.jsonl")
+    engine = cpu_engine("single", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    try:
+        tokens = list(range(TOKENS))
+        engine.store(tokens, kvcache=torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16))
+        first = next(key for _, _, key in engine.token_database.process_tokens(tokens))
+        obj = engine.storage_manager.get(first)
+        assert obj is not None
+        obj.ref_count_down()
+        # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
+        with pytest.raises(NotImplementedError):
+            engine.storage_manager.get_non_blocking(first, "LocalCPUBackend")
+        # The layerwise path: one future per layer, described when it finishes.
+        keys = [key for _, _, key in engine.token_database.process_tokens(tokens)][:2]
+        [future] = list(engine.storage_manager.layerwise_batched_get([keys]))
+        described = threading.Event()
+        future.add_done_callback(lambda _: described.set())  # runs after the hook's own callback
+        for obj in future.result(timeout=10):
+            obj.ref_count_down()
+        assert described.wait(10)
+    finally:
+        LMCacheEngineBuilder.destroy("single")
+        hook.uninstrument()
+
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, spans = store.query("SELECT op, outcome, pages, backend FROM spans WHERE op = 'fetch' ORDER BY start_ns")
+    assert spans == [
+        ("fetch", "hit", 1, "lmcache"),
+        ("fetch", "error", 0, "lmcache.local_cpu"),
+        ("fetch", "hit", 2, "lmcache.local_cpu"),
+    ]
+    _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch' ORDER BY time_ns")
+    assert pages == [(0, 256, True, None), (0, 256, True, "cpu"), (256, 512, True, "cpu")]
+    store.close()
+
+
+def test_the_plugin_alone_switches_the_hooks_on_from_lmcache_config(tmp_path: Path) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert not hook.is_instrumented()
+    config = hook.plugin_config(replica="from-config", export=f"file:{tmp_path}/auto.jsonl", guard=True)
+    engine = cpu_engine("auto", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=config)
+    try:
+        assert hook.is_instrumented()
+        tokens = list(range(TOKENS))
+        kv = torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16)
+        engine.store(tokens, kvcache=kv)
+        assert int(engine.retrieve(tokens, kvcache=torch.zeros_like(kv)).sum()) == STORED
+    finally:
+        LMCacheEngineBuilder.destroy("auto")
+        hook.uninstrument()
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, rows = store.query("SELECT replica, op, count(*) FROM pages GROUP BY ALL ORDER BY op")
+    assert rows == [("from-config", "fetch", 3), ("from-config", "store", 3)]
+    store.close()
+
+
+def _page(**fields: Any) -> PageDescriptor:
+    """A fetched page as LMCache's remote backends deliver it: everything but the head split."""
+    page = PageDescriptor(
+        key="00ff",
+        hash_algo="builtin",
+        token_start=0,
+        token_end=256,
+        model="tiny",
+        dtype="bfloat16",
+        shape=(2, 2, 256, 32),
+        layout="KV_2LTD",
+        bytes=2 * 2 * 256 * 32 * 2,
+        world_size=1,
+        rank=0,
+        layers=2,
+        used=True,
+        transfer="copy",
+    )
+    return msgspec.structs.replace(page, **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "stored", "expected"),
+    [
+        ({}, None, []),
+        ({"shape": None, "dtype": None}, None, ["KVA001 dtype", "KVA001 shape"]),
+        ({"address": 1234}, None, ["KVA002 address"]),
+        ({"transfer": "raw_ptr"}, None, ["KVA002 address"]),
+        ({"bytes": 1000}, None, ["KVA003 bytes"]),
+        ({"dtype": "float16"}, None, ["KVA005 dtype"]),
+        ({"model": "other"}, None, ["KVA005 model"]),
+        ({"shape": (2, 2, 256, 64), "bytes": 2 * 2 * 256 * 64 * 2}, None, ["KVA005 shape"]),
+        ({}, {"kv_heads": 4, "head_size": 8}, ["KVA005 kv_heads", "KVA005 head_size"]),
+        ({"checksum": "xxh3_64:1"}, {"checksum": "xxh3_64:2"}, ["KVA004 checksum"]),
+        ({"checksum": "xxh3_64:1"}, {"checksum": "xxh3_64:1", "kv_heads": 2, "head_size": 16}, []),
+    ],
+)
+def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, expected: list[str]) -> None:
+    from kvaudit.contract import KVConfig
+    from kvaudit.hooks.lmcache.guard import violations
+
+    consumer = KVConfig(
+        model="tiny",
+        dtype="bfloat16",
+        layout="KV_2LTD",
+        world_size=1,
+        rank=0,
+        hash_algo="builtin",
+        layers=2,
+        kv_heads=2,
+        head_size=16,
+    )
+    producer = PageDescriptor(**stored) if stored is not None else None
+    assert violations(_page(**fields), consumer, (2, 2, 256, 32), producer) == expected
+
+
+def test_a_failing_hook_leaves_lmcache_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache import fetch, plugin, runtime
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("describing failed")
+
+    monkeypatch.setattr(fetch, "fetch_page", broken)
+    monkeypatch.setattr(plugin, "store_page", broken)
+    before = runtime.failures()
+    assert hook.instrument(replica="broken", export=f"file:{tmp_path}/broken.jsonl", guard=True)
+    engine = cpu_engine("broken", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    try:
+        tokens = list(range(TOKENS))
+        kv = torch.randn(2, 2, TOKENS, 2, 16).to(torch.bfloat16)
+        engine.store(tokens, kvcache=kv)
+        out = torch.zeros_like(kv)
+        assert int(engine.retrieve(tokens, kvcache=out).sum()) == STORED
+        assert torch.equal(out[:, :, :STORED], kv[:, :, :STORED])
+    finally:
+        LMCacheEngineBuilder.destroy("broken")
+        hook.uninstrument()
+    assert runtime.failures() == before + 2  # one store, one fetch
