@@ -42,7 +42,27 @@ class Hook(StrEnum):
     VLLM_CONNECTOR = "vllm.connector"
     LMCACHE_ENGINE = "lmcache.engine"
     LMCACHE_BACKEND = "lmcache.backend"
+    # vLLM's own KV cache events (ZMQ `KVEventBatch`), turned into spans by `kvaudit collect`.
+    VLLM_KV_EVENTS = "vllm.kv_events"
     SIMULATOR = "kvaudit.simulator"
+
+
+class Tier(StrEnum):
+    """Values of `kvaudit.page.tier`: where a page was found, put or evicted from."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    DISK = "disk"
+    REMOTE = "remote"
+
+
+class EvictReason(StrEnum):
+    """Values of `kvaudit.evict.reason`: why pages left a store."""
+
+    CAPACITY = "capacity"  # made room for other pages
+    REMOVE = "remove"  # removed on request (an explicit remove or clear call)
+    INVALIDATED = "invalidated"  # a failed store taken back so lookups stop seeing it
+    CLEARED = "cleared"  # the whole store was emptied (e.g. vLLM's prefix-cache reset)
 
 
 class Res:
@@ -79,6 +99,10 @@ class SpanAttr:
     PAGES: Final = "kvaudit.pages"
     BYTES: Final = "kvaudit.bytes"
     OUTCOME: Final = "kvaudit.outcome"
+    # Evict spans: why the pages left (an `EvictReason`); absent where the source does not say.
+    EVICT_REASON: Final = "kvaudit.evict.reason"
+    # Tokens per block, where the source states it per operation (vLLM KV events do).
+    BLOCK_SIZE: Final = "kvaudit.block_size"
 
 
 class TelemetryAttr:
@@ -92,6 +116,9 @@ class TelemetryAttr:
     DROPPED_SPANS: Final = "kvaudit.telemetry.dropped_spans"
     FAILED_EXPORTS: Final = "kvaudit.telemetry.failed_exports"
     ERRORS: Final = "kvaudit.telemetry.errors"
+    # Batches of upstream events (e.g. vLLM KV event sequence numbers) known missed and
+    # not recovered: the traces lack whatever those batches said.
+    LOST_BATCHES: Final = "kvaudit.telemetry.lost_batches"
 
 
 class PageAttr:

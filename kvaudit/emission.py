@@ -80,25 +80,29 @@ class EmitterStats:
     dropped_spans: int = 0
     failed_exports: int = 0
     exported_spans: int = 0
+    lost_batches: int = 0
 
 
 class Operation:
     """One kvaudit operation on one request: becomes one span when it ends."""
 
-    __slots__ = ("_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
+    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
 
-    def __init__(self, emitter: Emitter, op: Op, attrs: dict[str, Any], parent: SpanContext | None) -> None:
+    def __init__(
+        self, emitter: Emitter, op: Op, attrs: dict[str, Any], parent: SpanContext | None, at_ns: int | None = None
+    ) -> None:
         self._emitter = emitter
         self._op = op
         self._attrs = attrs
         self._pages: list[PageEvent] = []
         self._parent = parent
         self._ended = False
-        self._start = time.time_ns()
+        self._at = at_ns
+        self._start = time.time_ns() if at_ns is None else at_ns
 
     def add_page(self, page: PageDescriptor) -> None:
         """Record the descriptor of one page this operation stored or fetched."""
-        self._pages.append(PageEvent(page, time.time_ns()))
+        self._pages.append(PageEvent(page, time.time_ns() if self._at is None else self._at))
 
     def end(
         self,
@@ -120,7 +124,8 @@ class Operation:
             _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
             attrs[SpanAttr.PAGES] = len(self._pages) if pages is None else pages
             attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
-            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, self._parent, outcome)
+            end = time.time_ns() if self._at is None else self._at
+            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end, self._parent, outcome)
         except Exception as exc:
             self._emitter._count_error(exc)
 
@@ -174,7 +179,8 @@ class Emitter:
         self._max_pages = max_pages_per_span
         self._telemetry_interval_ns = int(telemetry_interval_s * 1e9)
         self._errors = 0
-        self._reported: tuple[int, int, int] = (0, 0, 0)
+        self._lost_batches = 0
+        self._reported: tuple[int, int, int, int] = (0, 0, 0, 0)
         self._next_report_ns = 0
         self._random = random.Random()
 
@@ -185,7 +191,14 @@ class Emitter:
     @property
     def stats(self) -> EmitterStats:
         batcher = self._batcher.stats
-        return EmitterStats(self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans)
+        return EmitterStats(
+            self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans, self._lost_batches
+        )
+
+    def count_lost_batches(self, batches: int) -> None:
+        """Record upstream event batches known missed (reported in the next `kvaudit.telemetry` span)."""
+        self._lost_batches += batches
+        self._report_telemetry()
 
     def operation(
         self,
@@ -196,17 +209,27 @@ class Emitter:
         backend: str | None = None,
         tokens_requested: int | None = None,
         parent: SpanContext | None = None,
+        attributes: dict[str, Any] | None = None,
+        at_ns: int | None = None,
     ) -> Operation:
-        """Start an operation; the current span (if any) becomes its parent unless `parent` is given."""
+        """Start an operation; the current span (if any) becomes its parent unless `parent` is given.
+
+        `attributes` are further span attributes (names from the contract, e.g. the
+        evict reason). `at_ns` stamps an operation reported after the fact (an
+        engine's event stream, possibly replayed late) with the time it happened:
+        its span and pages carry that time, and it has no duration.
+        """
         try:
             attrs: dict[str, Any] = {SpanAttr.OP: op.value, SpanAttr.HOOK: str(hook)}
             _put(attrs, SpanAttr.REQUEST_ID, request_id)
             _put(attrs, SpanAttr.BACKEND, backend)
             _put(attrs, SpanAttr.TOKENS_REQUESTED, tokens_requested)
+            if attributes:
+                attrs.update(attributes)
             if parent is None:
                 current = trace.get_current_span().get_span_context()
                 parent = current if current.is_valid else None
-            return Operation(self, op, attrs, parent)
+            return Operation(self, op, attrs, parent, at_ns)
         except Exception as exc:
             self._count_error(exc)
             return _NoOperation()
@@ -234,6 +257,7 @@ class Emitter:
         attrs: dict[str, Any],
         pages: list[PageEvent],
         start: int,
+        end: int,
         parent: SpanContext | None,
         outcome: Outcome | None,
     ) -> None:
@@ -254,7 +278,7 @@ class Emitter:
                 events=events,
                 status=_ERROR if outcome is Outcome.ERROR else _OK,
                 start_time=start,
-                end_time=time.time_ns(),
+                end_time=end,
                 instrumentation_scope=_SCOPE,
             )
         )
@@ -268,7 +292,7 @@ class Emitter:
     def _report_telemetry(self, *, force: bool = False) -> None:
         """Emit a `kvaudit.telemetry` span when loss counts changed since the last one."""
         stats = self._batcher.stats
-        counts = (stats.dropped_spans, stats.failed_exports, self._errors)
+        counts = (stats.dropped_spans, stats.failed_exports, self._errors, self._lost_batches)
         now = time.time_ns()
         if counts == self._reported or (not force and now < self._next_report_ns):
             return
@@ -289,6 +313,7 @@ class Emitter:
                     TelemetryAttr.DROPPED_SPANS: counts[0],
                     TelemetryAttr.FAILED_EXPORTS: counts[1],
                     TelemetryAttr.ERRORS: counts[2],
+                    TelemetryAttr.LOST_BATCHES: counts[3],
                 },
                 start_time=now,
                 end_time=now,

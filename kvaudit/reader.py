@@ -60,9 +60,12 @@ SPAN_ATTR_COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "pages": (SpanAttr.PAGES, _INT),
     "bytes": (SpanAttr.BYTES, _INT),
     "outcome": (SpanAttr.OUTCOME, _STR),
+    "evict_reason": (SpanAttr.EVICT_REASON, _STR),
+    "block_size": (SpanAttr.BLOCK_SIZE, _INT),
     "telemetry_dropped_spans": (TelemetryAttr.DROPPED_SPANS, _INT),
     "telemetry_failed_exports": (TelemetryAttr.FAILED_EXPORTS, _INT),
     "telemetry_errors": (TelemetryAttr.ERRORS, _INT),
+    "telemetry_lost_batches": (TelemetryAttr.LOST_BATCHES, _INT),
 }
 PAGE_ATTR_COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "key": (PageAttr.KEY, _STR),

@@ -9,8 +9,9 @@ Columns (absent attributes are NULL):
 - `spans`: file, line, resource_id, replica, trace_id, span_id, parent_span_id, name,
   start_ns, end_ns, start_time, end_time, duration_ms, status_code, dropped_attributes,
   dropped_events, op, request_id, hook, backend, tokens_requested, tokens_hit,
-  tokens_stored, pages, bytes, outcome, telemetry_dropped_spans,
-  telemetry_failed_exports, telemetry_errors, attributes (other attributes, as text).
+  tokens_stored, pages, bytes, outcome, evict_reason, block_size,
+  telemetry_dropped_spans, telemetry_failed_exports, telemetry_errors,
+  telemetry_lost_batches, attributes (other attributes, as text).
 - `pages`: file, line, resource_id, replica, trace_id, span_id, op, hook, backend,
   request_id, outcome, time_ns, time, and every page descriptor field (key,
   hash_algo, token_start, token_end, model, dtype, shape, layout, bytes, world_size,

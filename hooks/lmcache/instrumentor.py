@@ -10,7 +10,9 @@ Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode ac
 here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
 finish, not guarded), `batched_contains` (lookups); and, only to learn what those
 cannot see, the token databases' `process_tokens` (each key's token range, the hash
-algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id).
+algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id). And
+`LocalCPUBackend.remove` / `LocalDiskBackend.remove`, every page leaving those stores
+(evictions; see `evict`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Final
 
 from kvaudit.contract import Op, Outcome
 from kvaudit.emission import Emitter
-from kvaudit.hooks.lmcache import fetch, runtime
+from kvaudit.hooks.lmcache import evict, fetch, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ def instrument(
         )
         return False
     from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
 
@@ -81,6 +85,8 @@ def instrument(
         _wrap(LMCacheEngine, name, _with_request_id)
     _wrap(ChunkedTokenDatabase, "process_tokens", _process_tokens)
     _wrap(SegmentTokenDatabase, "process_tokens", _process_tokens)
+    _wrap(LocalCPUBackend, "remove", _remove)
+    _wrap(LocalDiskBackend, "remove", _remove)
     return True
 
 
@@ -208,6 +214,27 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         return hit, mapping
 
     return batched_contains
+
+
+def _remove(original: Callable[..., Any]) -> Callable[..., Any]:
+    def remove(self: Any, key: Any, force: bool = True) -> bool:
+        state = runtime.current()
+        if state is None:
+            return original(self, key, force)
+        try:
+            size = evict.held_bytes(self, key)
+        except Exception as exc:  # the hook's own failure must not become LMCache's
+            runtime.failed("eviction size", exc)
+            size = None
+        removed = original(self, key, force)
+        if removed:
+            try:
+                evict.record(state, self, key, size, force)
+            except Exception as exc:  # the hook's own failure must not become LMCache's
+                runtime.failed("eviction", exc)
+        return removed
+
+    return remove
 
 
 def _with_request_id(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,11 +1,26 @@
-"""`kvaudit collect`: receive OTLP/HTTP traces from replicas and write them as trace files."""
+"""`kvaudit collect`: receive OTLP/HTTP traces from replicas and write them as trace files.
+
+With `--kv-events` it also subscribes to vLLM KV event publishers and writes their
+events into the same per-replica files (see `kvaudit.kv_events`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 
-from kvaudit.cli import command_parser
+import zmq
+
+from kvaudit.cli import UsageError, command_parser
 from kvaudit.collector import DEFAULT_MAX_BODY, CollectorServer, TraceSink, parse_address
+from kvaudit.contract import KVConfig
+from kvaudit.emission import Emitter, replica_resource
+from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
+from kvaudit.sink_exporter import SinkExporter
+from kvaudit.span_batcher import SpanBatcher
+
+KV_EVENTS_SERVICE = "kvaudit-kv-events"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -13,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "collect",
         "Receive OTLP/HTTP traces (POST /v1/traces) and write one OTLP JSON lines file per replica.",
-        "kvaudit collect --out traces/ 127.0.0.1:4318   # then point replicas at otlp:http://127.0.0.1:4318",
+        "kvaudit collect --out traces/ 127.0.0.1:4318   # then point replicas at otlp:http://127.0.0.1:4318\n"
+        "  kvaudit collect --out traces/ --kv-events tcp://10.0.0.5:5557 --kv-events-replay tcp://10.0.0.5:5558 "
+        "--replica r1",
     )
     parser.add_argument(
         "address", nargs="?", default="127.0.0.1:4318", help="HOST:PORT to bind (default 127.0.0.1:4318)"
@@ -21,20 +38,108 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="traces", help="directory for the trace files (default: traces)")
     parser.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest accepted body in bytes")
     parser.add_argument("--no-fsync", action="store_true", help="acknowledge once written, without waiting for fsync")
+    events = parser.add_argument_group("vLLM KV events (the GPU tier of each replica)")
+    events.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT[,...]",
+        help="vLLM KV event publishers (their --kv-events-config endpoint): tcp://HOST:PORT connects to a vLLM "
+        "that binds tcp://*:PORT; tcp://*:PORT binds for a vLLM that connects here. One publisher per endpoint.",
+    )
+    events.add_argument(
+        "--replica", metavar="NAME[,...]", help="replica id of the publishers: one for all, or one per endpoint"
+    )
+    events.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT[,...]",
+        help="the publishers' replay_endpoint, one per endpoint ('-' for none): missed batches are fetched from it",
+    )
+    events.add_argument("--kv-events-topic", default="", help="the publishers' topic (default: all)")
+    events.add_argument(
+        "--kv-hash-algo",
+        metavar="ALGO",
+        help="vLLM's prefix_caching_hash_algo, recorded as the pages' hash_algo (the events do not say)",
+    )
     parser.set_defaults(run=run)
 
 
+def kv_event_sources(endpoints: str, replicas: str | None, replays: str | None, topic: str) -> list[Source]:
+    """The publishers named on the command line.
+
+    Raises:
+        UsageError: no replica id, or lists of different lengths.
+    """
+    endpoint_list = _split(endpoints)
+    replica_list = _split(replicas or "")
+    if not replica_list:
+        raise UsageError("--kv-events needs --replica (the replica id its spans carry)")
+    if len(replica_list) == 1:
+        replica_list *= len(endpoint_list)
+    replay_list: list[str | None] = [None if r == "-" else r for r in _split(replays or "")] or [None] * len(
+        endpoint_list
+    )
+    if not len(endpoint_list) == len(replica_list) == len(replay_list):
+        raise UsageError("--replica and --kv-events-replay need one entry per --kv-events endpoint")
+    return [Source(e, r, p, topic) for e, r, p in zip(endpoint_list, replica_list, replay_list)]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
+    sources = (
+        kv_event_sources(args.kv_events, args.replica, args.kv_events_replay, args.kv_events_topic)
+        if args.kv_events
+        else []
+    )
     sink = TraceSink(args.out, fsync=not args.no_fsync)
     server = CollectorServer(parse_address(args.address), sink, max_body=args.max_body)
     print(f"kvaudit collect: listening on {server.url}/v1/traces, writing {sink.directory}/<replica>.jsonl", flush=True)
+    emitters: dict[str, Emitter] = {}
+
+    def emitter_for(replica: str) -> Emitter:
+        if replica not in emitters:
+            resource = replica_resource(
+                replica, engine="vllm", service_name=KV_EVENTS_SERVICE, kv=KVConfig(hash_algo=args.kv_hash_algo)
+            )
+            emitters[replica] = Emitter(resource, SpanBatcher(SinkExporter(sink)))
+        return emitters[replica]
+
+    # A supervisor stops it with SIGTERM: end as on Ctrl-C, writing out what is still queued.
+    signal.signal(signal.SIGTERM, _interrupt)
+    subscriber = None
     try:
-        server.serve_forever()
+        if sources:
+            try:
+                subscriber = KVEventSubscriber(sources, emitter_for, hash_algo=args.kv_hash_algo)
+            except zmq.ZMQError as exc:
+                raise UsageError(f"--kv-events: {exc}") from None
+            print(f"kvaudit collect: subscribed to KV events of {', '.join(s.endpoint for s in sources)}", flush=True)
+            server.start()
+            subscriber.run(threading.Event())
+        else:
+            server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
-        sink.close()
+        if subscriber is not None:
+            subscriber.close()
+            stats = subscriber.stats
+            print(
+                f"kvaudit collect: KV events: {stats.batches} batches ({stats.replayed} replayed), "
+                f"{stats.gaps} gaps, {stats.lost} batches lost"
+            )
+        for emitter in emitters.values():
+            emitter.shutdown()
+        if subscriber is not None:
+            server.stop()
+        else:
+            server.server_close()
+            sink.close()
         stats = sink.stats
         print(f"kvaudit collect: {stats.requests} requests, {stats.spans} spans written, {stats.rejected} rejected")
     return 0
