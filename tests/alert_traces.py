@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
 from kvaudit.emission import Emitter, setup_emitter
 
 from .conftest import KV, full_page
@@ -135,12 +135,14 @@ def slow_fetches(trace_dir: Path) -> None:
 
 
 @_on_test_clock
-def evicted_unused(trace_dir: Path) -> None:
-    """r1 stores pages and evicts them before anyone fetches them."""
+def evicted_then_needed(trace_dir: Path) -> None:
+    """r1's pool evicts its pages to make room, and then computes and stores them all again."""
     r1 = emitter(trace_dir, "r1")
     store(r1, range(PAGES))
-    with r1.operation(Op.EVICT, hook=Hook.LMCACHE_BACKEND) as op:
+    reason = {SpanAttr.EVICT_REASON: EvictReason.CAPACITY.value}
+    with r1.operation(Op.EVICT, hook=Hook.LMCACHE_BACKEND, attributes=reason) as op:
         for i in range(PAGES):
-            op.add_page(PageDescriptor(key=f"{i:064x}", bytes=16384))
+            op.add_page(PageDescriptor(key=f"{i:064x}", bytes=16384, tier=Tier.CPU.value))
         op.end()
+    store(r1, range(PAGES), request="q2")
     r1.shutdown()

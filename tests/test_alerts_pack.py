@@ -70,7 +70,7 @@ def test_telemetry_loss(trace_dir: Path):
     [
         (alert_traces.recomputed_prefixes, "KVAuditCrossReplicaHitRateLow"),
         (alert_traces.slow_fetches, "KVAuditLoadSlowerThanRecompute"),
-        (alert_traces.evicted_unused, "KVAuditPoolThrash"),
+        (alert_traces.evicted_then_needed, "KVAuditPoolThrash"),
     ],
 )
 def test_efficiency_rules_fire_after_their_for(trace_dir: Path, build: Callable[[Path], None], alertname: str):
