@@ -19,9 +19,12 @@ from kvaudit import __version__
 # Command modules, in the order `kvaudit --help` lists them.
 COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
+    "kvaudit.commands.audit",
+    "kvaudit.commands.report",
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
+    "kvaudit.commands.simulate",
     "kvaudit.commands.alerts",
     "kvaudit.commands.exporter",
 )

@@ -89,7 +89,13 @@ class Operation:
     __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
 
     def __init__(
-        self, emitter: Emitter, op: Op, attrs: dict[str, Any], parent: SpanContext | None, at_ns: int | None = None
+        self,
+        emitter: Emitter,
+        op: Op,
+        attrs: dict[str, Any],
+        parent: SpanContext | None,
+        at_ns: int | None = None,
+        start_ns: int | None = None,
     ) -> None:
         self._emitter = emitter
         self._op = op
@@ -98,11 +104,15 @@ class Operation:
         self._parent = parent
         self._ended = False
         self._at = at_ns
-        self._start = time.time_ns() if at_ns is None else at_ns
+        if start_ns is None:
+            start_ns = time.time_ns() if at_ns is None else at_ns
+        self._start = start_ns
 
-    def add_page(self, page: PageDescriptor) -> None:
-        """Record the descriptor of one page this operation stored or fetched."""
-        self._pages.append(PageEvent(page, time.time_ns() if self._at is None else self._at))
+    def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
+        """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
+        if time_ns is None:
+            time_ns = time.time_ns() if self._at is None else self._at
+        self._pages.append(PageEvent(page, time_ns))
 
     def end(
         self,
@@ -112,8 +122,9 @@ class Operation:
         tokens_stored: int | None = None,
         pages: int | None = None,
         bytes: int | None = None,  # noqa: A002 - the contract's name
+        end_ns: int | None = None,
     ) -> None:
-        """Finish the operation. `pages` and `bytes` default to the sums over its descriptors."""
+        """Finish the operation at `end_ns` (default now); `pages` and `bytes` default to sums over its pages."""
         if self._ended:
             return
         self._ended = True
@@ -124,8 +135,9 @@ class Operation:
             _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
             attrs[SpanAttr.PAGES] = len(self._pages) if pages is None else pages
             attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
-            end = time.time_ns() if self._at is None else self._at
-            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end, self._parent, outcome)
+            if end_ns is None:
+                end_ns = time.time_ns() if self._at is None else self._at
+            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end_ns, self._parent, outcome)
         except Exception as exc:
             self._emitter._count_error(exc)
 
@@ -147,7 +159,7 @@ class _NoOperation(Operation):
     def __init__(self) -> None:
         pass
 
-    def add_page(self, page: PageDescriptor) -> None:
+    def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         pass
 
     def end(self, outcome: Outcome | None = None, **_: Any) -> None:
@@ -211,13 +223,16 @@ class Emitter:
         parent: SpanContext | None = None,
         attributes: dict[str, Any] | None = None,
         at_ns: int | None = None,
+        start_ns: int | None = None,
     ) -> Operation:
         """Start an operation; the current span (if any) becomes its parent unless `parent` is given.
 
         `attributes` are further span attributes (names from the contract, e.g. the
         evict reason). `at_ns` stamps an operation reported after the fact (an
         engine's event stream, possibly replayed late) with the time it happened:
-        its span and pages carry that time, and it has no duration.
+        its span and pages carry that time, and it has no duration. `start_ns` (with
+        `end_ns` and each page's `time_ns` further on) stamps every instant on its own:
+        a simulator passes its clock, so that simulated time travels the real path.
         """
         try:
             attrs: dict[str, Any] = {SpanAttr.OP: op.value, SpanAttr.HOOK: str(hook)}
@@ -229,7 +244,7 @@ class Emitter:
             if parent is None:
                 current = trace.get_current_span().get_span_context()
                 parent = current if current.is_valid else None
-            return Operation(self, op, attrs, parent, at_ns)
+            return Operation(self, op, attrs, parent, at_ns, start_ns)
         except Exception as exc:
             self._count_error(exc)
             return _NoOperation()

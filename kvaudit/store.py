@@ -105,7 +105,7 @@ class TraceStore:
         store.paths, store._workers, store._cursors = [], None, {}
         try:
             store.con = duckdb.connect(database, read_only=True)
-            store.con.execute("SELECT count(*) FROM pages").fetchone()
+            store.con.execute("SELECT count(*) FROM pages").fetchall()
         except duckdb.Error as exc:
             raise ValueError(f"{database}: not a kvaudit database ({str(exc).splitlines()[0]})") from None
         return store

@@ -1,116 +1,111 @@
-"""`kvaudit demo`: two replicas sharing one pool, traced and summarised end to end.
+"""`kvaudit demo`: a simulated two-replica 27B fleet with a rolling upgrade, audited end to end.
 
-Replica r1 serves the first turn of a set of conversations and stores their pages;
-the router then sends the follow-up turns to r2, which fetches r1's pages from the
-pool. Every operation goes through the real emitter and file exporter, and the
-summary is the named `summary` query over the resulting trace files.
+The simulator drives the real emitter and file exporter; then the same traces go
+through what a user would run on their own fleet: the audit, the report and the
+capacity curve where this installation has them, the named `summary` query always,
+and the auditor's findings checked against what the simulator injected.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib
+import importlib.util
 import shutil
+import sys
+import time
+from collections import Counter
 from pathlib import Path
+from typing import Final
 
-from kvaudit.cli import command_parser
-from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, setup_emitter
-from kvaudit.named_queries import load
+from kvaudit.cli import UsageError, command_parser, main
+from kvaudit.commands.simulate import print_summary
+from kvaudit.named_queries import load, query_path
 from kvaudit.output import write_rows
-from kvaudit.store import open_store
+from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, SimConfig, SimResult, simulate
+from kvaudit.simulator.faults import Faults
+from kvaudit.store import TraceStore, open_store
 
-PAGE_TOKENS = 256
-# Gemma-2-27B: 46 layers x 16 KV heads x head size 128, bf16 (DESIGN.md section 5).
-KV = KVConfig(
-    model="google/gemma-2-27b",
-    dtype="bfloat16",
-    layout="KV_2LTD",
-    block_size=PAGE_TOKENS,
-    world_size=1,
-    rank=0,
-    hash_algo="sha256_cbor",
-    layers=46,
-    kv_heads=16,
-    head_size=128,
-)
-SHAPE = (2, 46, PAGE_TOKENS, 16 * 128)
-PAGE_BYTES = 2 * 46 * PAGE_TOKENS * 16 * 128 * 2
+# A few simulated minutes at a load that keeps both replicas busy but not saturated.
+DURATION_S: Final = 300.0
+RATE: Final = 0.3
+RAW_PTR_SHARE: Final = 0.002
+# What a demo directory may hold (traces, ground truth, report, an ingested database) to be replaced.
+DEMO_SUFFIXES: Final = frozenset({".jsonl", ".html", ".duckdb", ".wal"})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "demo",
-        "Trace two replicas sharing one KV pool and summarise reuse from the traces.",
-        "kvaudit demo --out demo-out --conversations 50",
+        "Simulate two 27B replicas sharing a 256 GiB KV pool through a rolling upgrade, then audit the traces.",
+        "kvaudit demo --out demo-out --guard",
     )
-    parser.add_argument("--out", default="demo-out", help="directory for the trace files (replaced)")
-    parser.add_argument("--conversations", type=int, default=40)
+    parser.add_argument("--out", default="demo-out", help="directory for the traces and the report (replaced)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--guard", action="store_true", help="replicas reject bad pages and recompute them")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if out.exists() and not all(p.name == TRACES_DIR or p.suffix in DEMO_SUFFIXES for p in out.iterdir()):
+        raise UsageError(f"{out}: holds more than a previous demo's output; give a new or empty directory")
     shutil.rmtree(out, ignore_errors=True)
-    replicas = {
-        name: setup_emitter(name, f"file:{out}/{name}.jsonl", engine="kvaudit-demo", kv=KV) for name in ("r1", "r2")
-    }
-    for conversation in range(args.conversations):
-        prompt_pages = 2 + conversation % 6
-        _serve(replicas["r1"], f"c{conversation}-t1", conversation, prompt_pages, cached_pages=0)
-        # The follow-up turn shares the first turn's prefix and adds one page.
-        _serve(replicas["r2"], f"c{conversation}-t2", conversation, prompt_pages + 1, cached_pages=prompt_pages)
-    for emitter in replicas.values():
-        emitter.shutdown()
-    store = open_store([str(out)])
-    columns, rows = store.query(load("summary"))
-    write_rows(columns, rows, title="Shared KV pool: per-replica summary")
-    print(f'\nTraces: {out}/*.jsonl   Look further: kvaudit sql {out} "SELECT * FROM pages LIMIT 10"')
+    config = SimConfig(
+        rate=RATE,
+        duration_s=DURATION_S,
+        seed=args.seed,
+        faults=Faults(raw_ptr=RAW_PTR_SHARE, upgrade_at_s=DURATION_S / 2, guard=args.guard),
+    )
+    _heading(
+        f"1. Simulating {DURATION_S:g} s of two replicas; r2 upgrades to the packed KV layout at {DURATION_S / 2:g} s"
+    )
+    started = time.perf_counter()
+    result = simulate(config, out)
+    print_summary(result, time.perf_counter() - started)
+    traces_dir = out / TRACES_DIR
+    store = open_store([str(traces_dir)])
+    _heading("2. Reuse as the traces show it (named query `summary`)")
+    write_rows(*store.query(load("summary")))
+    _audit(store, result, traces_dir)
+    _heading("Look further")
+    print(f"  kvaudit tui {traces_dir}")
+    if _have("kvaudit.audit"):
+        print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
+    print(f'  kvaudit sql {traces_dir} "SELECT replica, op, layout, used, count(*) FROM pages GROUP BY ALL"')
+    print(f"  kvaudit sql {traces_dir} -f {query_path('summary')}")
+    print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")
+    print(f"  ground truth of the injected faults: {out / GROUND_TRUTH_FILE}")
     return 0
 
 
-def _serve(emitter: Emitter, request: str, conversation: int, pages: int, cached_pages: int) -> None:
-    keys = _chained_keys(conversation, pages)
-    with emitter.operation(
-        Op.FETCH, hook=Hook.SIMULATOR, request_id=request, backend="demo.pool", tokens_requested=pages * PAGE_TOKENS
-    ) as fetch:
-        for i in range(cached_pages):
-            fetch.add_page(_page(keys[i], i, used=True))
-        fetch.end(
-            Outcome.HIT if cached_pages == pages else Outcome.PARTIAL if cached_pages else Outcome.MISS,
-            tokens_hit=cached_pages * PAGE_TOKENS,
-        )
-    with emitter.operation(Op.STORE, hook=Hook.SIMULATOR, request_id=request, backend="demo.pool") as store:
-        for i in range(cached_pages, pages):
-            store.add_page(_page(keys[i], i))
-        store.end(Outcome.HIT, tokens_stored=(pages - cached_pages) * PAGE_TOKENS)
+def _audit(store: TraceStore, result: SimResult, traces: Path) -> None:
+    """The report where installed (findings, reuse, hit rates, overhead, capacity), else the findings counted."""
+    if not _have("kvaudit.audit"):
+        _heading("3. Audit")
+        print("  (the auditor is not part of this installation yet)")
+        return
+    findings = importlib.import_module("kvaudit.audit").run_audit(store)
+    if _have("kvaudit.commands.report"):
+        _heading("3. Report: findings, reuse, hit rates, transfer overhead, pool capacity")
+        main(["report", str(traces), "--html", str(traces.parent / "report.html")])
+    else:
+        _heading("3. Audit")
+        counts = Counter((f.severity, f.code, f.rule, f.replica or "") for f in findings)  # critical first
+        write_rows(["severity", "code", "rule", "replica", "findings"], [(*key, n) for key, n in counts.items()])
+    found = {(f.replica, f.trace_id, f.key) for f in findings}
+    caught = sum((t.replica, t.trace_id, t.key) in found for t in result.ground_truth)
+    injected = len(result.ground_truth)
+    print(f"\nRecall: the audit flagged {caught} of the {injected} faulty fetched pages the simulator injected.")
 
 
-def _chained_keys(conversation: int, pages: int) -> list[str]:
-    keys, parent = [], b""
-    for i in range(pages):
-        parent = hashlib.sha256(parent + f"{conversation}:{i}".encode()).digest()
-        keys.append(parent.hex())
-    return keys
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
-def _page(key: str, index: int, used: bool | None = None) -> PageDescriptor:
-    return PageDescriptor(
-        key=key,
-        hash_algo=KV.hash_algo,
-        token_start=index * PAGE_TOKENS,
-        token_end=(index + 1) * PAGE_TOKENS,
-        model=KV.model,
-        dtype=KV.dtype,
-        shape=SHAPE,
-        layout=KV.layout,
-        bytes=PAGE_BYTES,
-        world_size=1,
-        rank=0,
-        layers=46,
-        kv_heads=16,
-        head_size=128,
-        used=used,
-        tier="cpu",
-    )
+def _heading(text: str) -> None:
+    print(f"\n\033[1m{text}\033[0m" if sys.stdout.isatty() else f"\n== {text}")

@@ -1,0 +1,65 @@
+"""What the benchmarks share: a realistic 27B page descriptor, a timer, a results table."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from kvaudit.contract import KVConfig, PageDescriptor, Tier
+from kvaudit.output import write_rows
+from kvaudit.simulator.model import LAYOUT_SPLIT, PRESETS
+
+MODEL = PRESETS["gemma-2-27b"]
+PAGE_TOKENS = 256
+KV: KVConfig = MODEL.kv_config(LAYOUT_SPLIT, PAGE_TOKENS)
+PAGE_BYTES = MODEL.page_bytes(PAGE_TOKENS)
+
+
+def env_int(name: str, default: int) -> int:
+    """A size from the environment (`KVAUDIT_BENCH_*`), for quick runs."""
+    return int(os.environ.get(name, default))
+
+
+def page(index: int, *, used: bool | None = True) -> PageDescriptor:
+    """A fetched 27B page with every field a hook fills in (19 attributes)."""
+    return PageDescriptor(
+        key=f"{index:064x}",
+        hash_algo=KV.hash_algo,
+        token_start=index * PAGE_TOKENS,
+        token_end=(index + 1) * PAGE_TOKENS,
+        model=KV.model,
+        dtype=KV.dtype,
+        shape=MODEL.page_shape(LAYOUT_SPLIT, PAGE_TOKENS),
+        layout=KV.layout,
+        bytes=PAGE_BYTES,
+        world_size=1,
+        rank=0,
+        layers=MODEL.layers,
+        kv_heads=MODEL.kv_heads,
+        head_size=MODEL.head_size,
+        used=used,
+        checksum=f"xxh3_64:{index:016x}",
+        transfer="copy",
+        tier=Tier.REMOTE.value,
+    )
+
+
+def best_of(repeats: int, run: Callable[[], None]) -> float:
+    """The shortest of `repeats` timed runs, in seconds (the least disturbed by other load)."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def machine() -> str:
+    """The machine and how busy it was: figures from a shared machine need that context."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} CPUs, load average {load} at start"
+
+
+def report(rows: Sequence[Sequence[object]]) -> None:
+    write_rows(["measure", "kvaudit", "baseline", "ratio", "goal"], rows)

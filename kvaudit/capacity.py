@@ -1,0 +1,170 @@
+"""The pool-capacity curve: hit rate as a function of pool bytes, from LRU stack distances.
+
+An access to a page hits an LRU pool of C bytes exactly when the distinct pages touched
+since the previous access of the same key, itself included, hold at most C bytes (its
+*stack distance* in bytes); so one pass over the reference stream gives the hit rate
+at every capacity at once. The pass is sequential (a Fenwick tree over access
+positions, O(n log n)), which SQL cannot express efficiently, so it runs here, compiled
+with numba, over numpy arrays taken from DuckDB through Arrow: nothing is handled one
+Python object per access.
+
+The stream is `queries/capacity_curve.sql`, which also does SHARDS spatial sampling
+(Waldspurger et al., FAST '15): keys whose hash falls under the rate are kept with
+all their accesses, and their distances scale by 1 / rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numba
+import numpy as np
+
+from kvaudit.analysis import set_variables
+from kvaudit.named_queries import load
+from kvaudit.store import TraceStore
+
+STREAM_QUERY: Final = "capacity_curve"
+# Traces up to this many accesses are computed exactly when no rate is given.
+EXACT_LIMIT: Final = 2_000_000
+
+
+@dataclass(frozen=True)
+class CapacityCurve:
+    """Hit rate at each capacity, and how it was obtained.
+
+    `distances` are the sorted finite stack distances in bytes (already scaled by
+    1 / sample_rate); `accesses` counts every sampled access, cold ones included.
+    """
+
+    distances: np.ndarray
+    accesses: int
+    sample_rate: float
+
+    def hit_rate(self, capacity_bytes: np.ndarray | float) -> np.ndarray:
+        """Share of accesses that hit a pool of each capacity."""
+        hits = np.searchsorted(self.distances, np.asarray(capacity_bytes, dtype=np.float64), side="right")
+        return hits / self.accesses if self.accesses else np.zeros_like(hits, dtype=np.float64)
+
+    @property
+    def ideal_hit_rate(self) -> float:
+        """The hit rate of an unbounded pool: every re-reference hits."""
+        return len(self.distances) / self.accesses if self.accesses else 0.0
+
+    def grid(self, points: int = 64) -> np.ndarray:
+        """Capacities from 0 to the largest stack distance (where the curve is flat)."""
+        top = float(self.distances[-1]) if len(self.distances) else 0.0
+        return np.linspace(0.0, top, points)
+
+
+def capacity_curve(store: TraceStore, *, sample_rate: float | None = None) -> CapacityCurve:
+    """The capacity curve of the traces' store/fetch reference stream.
+
+    Args:
+        store: the traces.
+        sample_rate: SHARDS rate in (0, 1]; 1.0 is exact; None is exact up to
+            `EXACT_LIMIT` accesses and sampled down to about that many above it.
+
+    Raises:
+        ValueError: a rate outside (0, 1].
+    """
+    if sample_rate is None:
+        _, [(accesses,)] = store.query(
+            "SELECT count(*) FROM pages WHERE op IN ('store', 'fetch') AND key IS NOT NULL"
+        )
+        sample_rate = min(1.0, EXACT_LIMIT / accesses) if accesses else 1.0
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"sample rate {sample_rate} is not in (0, 1]")
+    set_variables(store, {"kvaudit_sample_rate": sample_rate})
+    stream = store.con.sql(load(STREAM_QUERY)).to_arrow_table()
+    keys = stream.column("key_hash").to_numpy()
+    weights = stream.column("bytes").to_numpy().astype(np.float64)
+    return curve_of_stream(keys, weights, sample_rate)
+
+
+def curve_of_stream(keys: np.ndarray, weights: np.ndarray, sample_rate: float = 1.0) -> CapacityCurve:
+    """The curve of a reference stream: key of each access (any integers) and its bytes."""
+    ids = dense_ids(np.ascontiguousarray(keys).astype(np.uint64))
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    distances = stack_distances(ids, weights)
+    reused = np.isfinite(distances)
+    # A sampled distance sees 1 in 1/rate of the other pages, but all of the page itself.
+    own = weights[reused]
+    scaled = own + (distances[reused] - own) / sample_rate
+    return CapacityCurve(np.sort(scaled), len(keys), sample_rate)
+
+
+@numba.njit(cache=True, nogil=True)
+def dense_ids(keys: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Number distinct keys 0..k-1 in order of first appearance.
+
+    An open-addressing hash table: linear in the accesses, where sorting them (numpy's
+    `unique`) costs several times the stack-distance pass itself.
+    """
+    n = len(keys)
+    size = 1
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slots = np.full(size, -1, dtype=np.int64)
+    seen = np.empty(n, dtype=np.uint64)
+    ids = np.empty(n, dtype=np.int64)
+    count = 0
+    for i in range(n):
+        key = keys[i]
+        # Fibonacci hashing spreads keys that differ only in high or low bits.
+        slot = (key * np.uint64(11400714819323198485)) >> np.uint64(20) & mask
+        while True:
+            found = slots[slot]
+            if found < 0:
+                slots[slot] = count
+                seen[count] = key
+                ids[i] = count
+                count += 1
+                break
+            if seen[found] == key:
+                ids[i] = found
+                break
+            slot = (slot + np.uint64(1)) & mask
+    return ids
+
+
+@numba.njit(cache=True, nogil=True)
+def stack_distances(ids: np.ndarray, weights: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Byte stack distance of each access (inf for a first access).
+
+    `ids` are dense key ids (0..k-1). A Fenwick tree over positions holds, at the last
+    access of each key so far, that access's bytes; the distance of access i to a key
+    last seen at p is the bytes held at positions after p, plus its own.
+    """
+    n = len(ids)
+    out = np.empty(n, dtype=np.float64)
+    last = np.full(ids.max() + 1 if n else 0, -1, dtype=np.int64)
+    tree = np.zeros(n + 1, dtype=np.float64)
+    total = 0.0
+    for i in range(n):
+        key = ids[i]
+        p = last[key]
+        if p < 0:
+            out[i] = np.inf
+        else:
+            held = 0.0  # bytes at positions 0..p
+            j = p + 1
+            while j > 0:
+                held += tree[j]
+                j -= j & -j
+            out[i] = total - held + weights[i]
+            j = p + 1  # the key's old position no longer holds it
+            w = -weights[p]
+            while j <= n:
+                tree[j] += w
+                j += j & -j
+            total += w
+        j = i + 1
+        while j <= n:
+            tree[j] += weights[i]
+            j += j & -j
+        total += weights[i]
+        last[key] = i
+    return out

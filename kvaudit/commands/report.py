@@ -1,0 +1,46 @@
+"""`kvaudit report`: findings, reuse, hit rates, overhead and pool capacity, in the terminal and as HTML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvaudit.cli import command_parser
+from kvaudit.commands.audit import add_input_arguments, exit_status, require_spans
+from kvaudit.durations import parse_duration
+from kvaudit.report import gather, print_report
+from kvaudit.report_html import write_html
+from kvaudit.store import open_store
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = command_parser(
+        subparsers,
+        "report",
+        "The whole picture of traces: audit findings, reuse, hit rates, transfer overhead and pool capacity. "
+        "Exit status as for `kvaudit audit`.",
+        "kvaudit report traces/ --html report.html",
+    )
+    add_input_arguments(parser)
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
+    parser.add_argument("--bucket", type=parse_duration, default=60.0, help="hit-rate time bucket (default 60s)")
+    parser.add_argument(
+        "--sample-rate",
+        type=float,
+        help="SHARDS sampling rate of the capacity curve (default: exact for moderate traces, sampled above)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args.paths)
+    try:
+        require_spans(store)
+        report = gather(store, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)
+    finally:
+        store.close()
+    print_report(report, sys.stdout)
+    if args.html:
+        write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths)}")
+        print(f"\nHTML report: {args.html}")
+    return exit_status(report.findings)

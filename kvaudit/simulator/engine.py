@@ -1,0 +1,447 @@
+"""The event loop: sessions arrive, requests are routed, served against the pool, and traced.
+
+Each replica serves its queue one prefill at a time (decode is not modelled beyond
+spacing a session's turns). A request's lookup and fetch happen when it starts, its
+store when its prefill ends, so a page is never fetched before it was stored, in
+the pool as in the trace. Every operation goes through the real emitter, stamped in
+simulated time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from kvaudit.contract import EvictReason, Hook, KVConfig, Op, Outcome, PageDescriptor, SpanAttr, Tier
+from kvaudit.emission import Emitter, Operation, replica_resource, setup_emitter
+from kvaudit.simulator.faults import Faults, GroundTruth, Injector, write_ground_truth
+from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, ModelGeometry
+from kvaudit.simulator.pool import Entry, LRUTier
+from kvaudit.simulator.router import make_router
+from kvaudit.simulator.workload import Session, new_session, next_prompt
+from kvaudit.span_batcher import SpanBatcher
+
+GIB: Final = 1 << 30
+NS: Final = 1_000_000_000
+# Simulated time starts at a fixed instant, so that a seed fixes every timestamp.
+EPOCH_NS: Final = 1_767_225_600 * NS  # 2026-01-01T00:00:00Z
+GROUND_TRUTH_FILE: Final = "ground_truth.jsonl"
+TRACES_DIR: Final = "traces"  # beside the ground truth, so that a reader of the traces never sees it
+POOL_BACKEND: Final = "sim.pool"
+LOCAL_BACKEND: Final = "sim.local"
+TIER_POOL: Final = Tier.REMOTE.value
+TIER_LOCAL: Final = Tier.CPU.value
+ENGINE: Final = "vllm"
+VERSION_BEFORE: Final = "0.25.0"
+VERSION_UPGRADED: Final = "0.26.0"  # the release that packed the KV layout (vLLM PR #44455)
+# Flush an emitter every so many spans: the simulator outruns the exporter thread,
+# and a full queue would drop spans (which the audit would rightly call telemetry loss).
+FLUSH_EVERY: Final = 2048
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    replicas: int = 2
+    model: ModelGeometry = PRESETS["gemma-2-27b"]
+    page_tokens: int = 256
+    pool_bytes: int = 256 * GIB
+    # False: no sharing, each replica has a private pool of pool_bytes / replicas (the baseline).
+    shared: bool = True
+    local_bytes: int = 0
+    router: str = "round-robin"
+    mix: dict[str, float] = field(default_factory=lambda: {"chat": 0.4, "agent": 0.2, "shared": 0.2, "oneshot": 0.2})
+    rate: float = 0.25
+    duration_s: float = 300.0
+    seed: int = 0
+    cost: CostModel = field(default_factory=CostModel)
+    faults: Faults = field(default_factory=Faults)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.page_tokens < 1 or self.rate <= 0 or self.duration_s <= 0:
+            raise ValueError("replicas, page tokens, rate and duration must be positive")
+        if self.pool_bytes < 0 or self.local_bytes < 0:
+            raise ValueError("pool and local tier sizes must not be negative")
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request, and what it would have cost without any reuse."""
+
+    request_id: str
+    session: str
+    workload: str
+    replica: str
+    keys: list[str]
+    tokens: int
+    arrival_ns: int
+    start_ns: int = 0
+    finish_ns: int = 0
+    lookup_hit_tokens: int = 0
+    used_tokens: int = 0
+    cross_tokens: int = 0
+    rejected_tokens: int = 0
+    fetched_bytes: int = 0
+    transfer_s: float = 0.0
+    prefill_s: float = 0.0
+    prefill_no_reuse_s: float = 0.0
+    ttft_s: float = 0.0
+    ttft_no_reuse_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    requests: list[RequestRecord]
+    ground_truth: list[GroundTruth]
+    files: list[Path]
+
+
+@dataclass
+class _Request:
+    record: RequestRecord
+    session: Session
+    output_tokens: int
+    think_s: float
+    parent: SpanContext
+    computed: list[int] = field(default_factory=list)  # page indices prefilled (not loaded and used)
+
+
+class _Discard(SpanExporter):
+    """Where spans go when a run only wants its statistics (parameter sweeps)."""
+
+    def export(self, spans: Sequence[object]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _Replica:
+    def __init__(self, index: int, name: str, local_bytes: int) -> None:
+        self.index = index
+        self.name = name
+        self.local = LRUTier(local_bytes) if local_bytes else None
+        self.queue: deque[_Request] = deque()
+        self.running: _Request | None = None
+        self.upgraded = False
+        self.spans = 0
+        self.kv: KVConfig
+        self.emitter: Emitter
+
+
+class Simulation:
+    """One run into `out`: `traces/<replica>.jsonl` and `ground_truth.jsonl`; None emits into nowhere."""
+
+    def __init__(self, config: SimConfig, out: Path | None = None) -> None:
+        self.config = config
+        self.out = out
+        self.replicas = config.replicas
+        pools = 1 if config.shared else config.replicas
+        self._pools = [LRUTier(config.pool_bytes // pools) for _ in range(pools)]
+        self._page_bytes = config.model.page_bytes(config.page_tokens)
+        self._router = make_router(config.router, config.seed)
+        self._injector = Injector(config.faults, config.seed)
+        self._ids = random.Random(f"{config.seed}:ids")
+        self._events: list[tuple[int, int, str, object]] = []
+        self._seq = itertools.count()
+        self._fleet = [_Replica(i, f"r{i + 1}", config.local_bytes) for i in range(config.replicas)]
+        self._records: list[RequestRecord] = []
+        self._free_no_reuse_ns = [0] * config.replicas
+        self._truth: list[GroundTruth] = []
+        self._end_ns = EPOCH_NS + int(config.duration_s * NS)
+        if out is not None:
+            (out / TRACES_DIR).mkdir(parents=True, exist_ok=True)
+        for replica in self._fleet:
+            self._open_emitter(replica, LAYOUT_SPLIT, VERSION_BEFORE)
+
+    # --- FleetView, for the router --------------------------------------------------
+
+    def cached_prefix(self, replica: int, keys: Sequence[str]) -> int:
+        rep = self._fleet[replica]
+        count = 0
+        for key in keys:
+            entry = self._pool(rep).peek(key)
+            held = key in rep.local if rep.local is not None else entry is not None and entry.producer == rep.name
+            if not held:
+                break
+            count += 1
+        return count
+
+    def backlog(self, replica: int) -> int:
+        rep = self._fleet[replica]
+        return len(rep.queue) + (rep.running is not None)
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        arrivals = random.Random(f"{self.config.seed}:arrivals")
+        t, index = EPOCH_NS, 0
+        while True:
+            t += int(arrivals.expovariate(self.config.rate) * NS)
+            if t >= self._end_ns:
+                break
+            self._push(t, "arrive", new_session(index, self.config.mix, self.config.seed, self.config.page_tokens))
+            index += 1
+        while self._events:
+            now, _, kind, subject = heapq.heappop(self._events)
+            if kind == "arrive":
+                assert isinstance(subject, Session)
+                self._arrive(now, subject)
+            else:
+                assert isinstance(subject, _Replica)
+                self._finish(now, subject)
+        for replica in self._fleet:
+            replica.emitter.shutdown()
+        files = sorted((self.out / TRACES_DIR).glob("*.jsonl")) if self.out is not None else []
+        if self.out is not None:
+            write_ground_truth(self.out / GROUND_TRUTH_FILE, self._truth)
+        return SimResult(self.config, self._records, self._truth, files)
+
+    def _pool(self, replica: _Replica) -> LRUTier:
+        return self._pools[replica.index % len(self._pools)]
+
+    def _push(self, time_ns: int, kind: str, subject: object) -> None:
+        heapq.heappush(self._events, (time_ns, next(self._seq), kind, subject))
+
+    def _arrive(self, now: int, session: Session) -> None:
+        turn = next_prompt(session)
+        if turn is None:
+            return
+        keys = session.stream.page_keys()
+        replica = self._fleet[self._router.route(session.id, keys, self)]
+        record = RequestRecord(
+            f"{session.id}-t{session.next_turn}",
+            session.id,
+            session.workload,
+            replica.name,
+            list(keys),
+            session.stream.tokens,
+            now,
+        )
+        # The baseline: a fleet without any reuse running full prefills for the same
+        # arrivals, routed round-robin so that every router is measured against it.
+        record.prefill_no_reuse_s = self.config.cost.prefill_s(self.config.model, record.tokens)
+        baseline = len(self._records) % self.replicas
+        start = max(now, self._free_no_reuse_ns[baseline])
+        self._free_no_reuse_ns[baseline] = start + self._ns(record.prefill_no_reuse_s)
+        record.ttft_no_reuse_s = (self._free_no_reuse_ns[baseline] - now) / NS
+        parent = SpanContext(
+            self._ids.getrandbits(128) or 1, self._ids.getrandbits(64) or 1, False, TraceFlags(TraceFlags.SAMPLED)
+        )
+        replica.queue.append(_Request(record, session, turn.output_tokens, turn.think_s, parent))
+        self._records.append(record)
+        if replica.running is None:
+            self._start(now, replica)
+
+    def _start(self, now: int, replica: _Replica) -> None:
+        request = replica.running = replica.queue.popleft()
+        self._maybe_upgrade(now, replica)
+        record, cost, model = request.record, self.config.cost, self.config.model
+        record.start_ns = now
+        hits = self._lookup(replica, record.keys)
+        page_tokens = self.config.page_tokens
+        record.lookup_hit_tokens = len(hits) * page_tokens
+        lookup_end = now + self._ns(cost.lookup_s)
+        lookup = self._operation(replica, Op.LOOKUP, now, request, tokens_requested=record.tokens)
+        lookup.end(
+            _outcome(len(hits), record.lookup_hit_tokens, record.tokens),
+            tokens_hit=record.lookup_hit_tokens,
+            pages=len(hits),
+            bytes=len(hits) * self._page_bytes,
+            end_ns=lookup_end,
+        )
+        fetch = self._operation(replica, Op.FETCH, lookup_end, request, tokens_requested=record.tokens)
+        t = lookup_end
+        for index, (entry, tier) in enumerate(hits):
+            page, fault = self._injector.serve(entry.page, tier, replica.kv)
+            used = not self.config.faults.guard or self._injector.accepts(page, replica.kv)
+            page = msgspec.structs.replace(page, used=used)
+            seconds = cost.transfer_s(entry.nbytes, local=tier == TIER_LOCAL)
+            record.transfer_s += seconds
+            record.fetched_bytes += entry.nbytes
+            t += self._ns(seconds)
+            fetch.add_page(page, time_ns=t)
+            if used:
+                record.used_tokens += page_tokens
+                record.cross_tokens += page_tokens if entry.producer != replica.name else 0
+            else:
+                record.rejected_tokens += page_tokens
+                request.computed.append(index)
+            if fault is not None:
+                self._truth.append(self._fault(fault, replica, request, entry, page, t))
+        fetch.end(_outcome(len(hits), record.used_tokens, record.tokens), tokens_hit=record.used_tokens, end_ns=t)
+        request.computed.extend(range(len(hits), len(record.keys)))
+        record.prefill_s = cost.prefill_s(model, record.tokens - record.used_tokens)
+        record.finish_ns = t + self._ns(record.prefill_s)
+        record.ttft_s = (record.finish_ns - record.arrival_ns) / NS
+        self._push(record.finish_ns, "finish", replica)
+
+    def _lookup(self, replica: _Replica, keys: list[str]) -> list[tuple[Entry, str]]:
+        """The longest prefix of `keys` held by the local tier or the pool (touching each as used)."""
+        hits: list[tuple[Entry, str]] = []
+        for key in keys:
+            local = replica.local.get(key) if replica.local is not None else None
+            entry = local or self._pool(replica).get(key)
+            if entry is None:
+                break
+            hits.append((entry, TIER_LOCAL if local else TIER_POOL))
+        return hits
+
+    def _finish(self, now: int, replica: _Replica) -> None:
+        request, replica.running = replica.running, None
+        assert request is not None
+        written, evicted = self._store(replica, request)
+        if written:
+            store = self._operation(replica, Op.STORE, now, request)
+            for page in written:
+                store.add_page(page, time_ns=now)  # visible in the pool from `now` on
+            seconds = self.config.cost.transfer_s(len(written) * self._page_bytes)
+            store.end(tokens_stored=len(written) * self.config.page_tokens, end_ns=now + self._ns(seconds))
+        for backend, entries in evicted.items():
+            if entries:
+                evict = self._operation(
+                    replica,
+                    Op.EVICT,
+                    now,
+                    backend=backend,
+                    attributes={SpanAttr.EVICT_REASON: EvictReason.CAPACITY.value},
+                )
+                for entry in entries:
+                    evict.add_page(entry.page, time_ns=now)
+                evict.end(end_ns=now)
+        decode_s = request.output_tokens * self.config.cost.decode_s_per_token
+        next_arrival = now + self._ns(decode_s + request.think_s)
+        if next_arrival < self._end_ns:
+            self._push(next_arrival, "arrive", request.session)
+        if replica.queue:
+            self._start(now, replica)
+
+    def _store(self, replica: _Replica, request: _Request) -> tuple[list[PageDescriptor], dict[str, list[Entry]]]:
+        """Put the pages this request computed; a key already present is only touched (never rewritten)."""
+        written: list[PageDescriptor] = []
+        evicted: dict[str, list[Entry]] = {POOL_BACKEND: [], LOCAL_BACKEND: []}
+        for index in request.computed:
+            key = request.record.keys[index]
+            page = self._page(replica.kv, key, index)
+            entry = Entry(page, replica.name, self._page_bytes)
+            if replica.local is not None:
+                evicted[LOCAL_BACKEND].extend(replica.local.put(key, entry) or [])
+            dropped = self._pool(replica).put(key, entry)
+            if dropped is not None:
+                written.append(page)
+                evicted[POOL_BACKEND].extend(dropped)
+        return written, evicted
+
+    def _page(self, kv: KVConfig, key: str, index: int) -> PageDescriptor:
+        tokens = self.config.page_tokens
+        return PageDescriptor(
+            key=key,
+            hash_algo=kv.hash_algo,
+            token_start=index * tokens,
+            token_end=(index + 1) * tokens,
+            model=kv.model,
+            dtype=kv.dtype,
+            shape=self.config.model.page_shape(kv.layout or LAYOUT_SPLIT, tokens),
+            layout=kv.layout,
+            bytes=self._page_bytes,
+            world_size=kv.world_size,
+            rank=kv.rank,
+            layers=kv.layers,
+            kv_heads=kv.kv_heads,
+            head_size=kv.head_size,
+            tier=TIER_POOL,
+        )
+
+    # --- emission helpers ------------------------------------------------------------------
+
+    def _open_emitter(self, replica: _Replica, layout: str, version: str) -> None:
+        replica.kv = self.config.model.kv_config(layout, self.config.page_tokens)
+        options = {"engine": ENGINE, "engine_version": version, "service_name": "kvaudit-simulator", "kv": replica.kv}
+        if self.out is None:
+            replica.emitter = Emitter(replica_resource(replica.name, **options), SpanBatcher(_Discard()))
+        else:
+            replica.emitter = setup_emitter(
+                replica.name,
+                f"file:{self.out / TRACES_DIR}/{replica.name}.jsonl",
+                max_queue_spans=4 * FLUSH_EVERY,
+                **options,
+            )
+
+    def _maybe_upgrade(self, now: int, replica: _Replica) -> None:
+        """The last replica restarts with the packed layout once the upgrade time has come and it is idle."""
+        at = self.config.faults.upgrade_at_s
+        if at is None or replica.upgraded or replica.index != self.replicas - 1 or now < EPOCH_NS + at * NS:
+            return
+        replica.upgraded = True
+        replica.emitter.shutdown()  # the old process exits, releasing its trace file
+        self._open_emitter(replica, LAYOUT_PACKED, VERSION_UPGRADED)
+
+    def _operation(
+        self,
+        replica: _Replica,
+        op: Op,
+        start_ns: int,
+        request: _Request | None = None,
+        *,
+        backend: str = POOL_BACKEND,
+        tokens_requested: int | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> Operation:
+        """Start an operation on `replica`'s emitter, in simulated time, under the request's trace."""
+        replica.spans += 1
+        if replica.spans % FLUSH_EVERY == 0:
+            replica.emitter.flush()
+        return replica.emitter.operation(
+            op,
+            hook=Hook.SIMULATOR,
+            request_id=request.record.request_id if request else None,
+            backend=backend,
+            tokens_requested=tokens_requested,
+            parent=request.parent if request else None,
+            attributes=attributes,
+            start_ns=start_ns,
+        )
+
+    def _fault(
+        self, fault: str, replica: _Replica, request: _Request, entry: Entry, page: PageDescriptor, t: int
+    ) -> GroundTruth:
+        return GroundTruth(
+            fault=fault,
+            replica=replica.name,
+            request_id=request.record.request_id,
+            trace_id=f"{request.parent.trace_id:032x}",
+            key=entry.page.key or "",
+            token_start=entry.page.token_start or 0,
+            time_ns=t,
+            used=bool(page.used),
+            producer=entry.producer,
+            page_layout=page.layout,
+            consumer_layout=replica.kv.layout,
+        )
+
+    @staticmethod
+    def _ns(seconds: float) -> int:
+        return int(seconds * NS)
+
+
+def _outcome(pages: int, used_tokens: int, tokens: int) -> Outcome:
+    if not pages:
+        return Outcome.MISS
+    if not used_tokens:
+        return Outcome.REJECTED
+    return Outcome.HIT if used_tokens >= tokens else Outcome.PARTIAL
+
+
+def simulate(config: SimConfig, out: Path | None = None) -> SimResult:
+    """Run one simulation; trace files and the ground truth go under `out` when given."""
+    return Simulation(config, out).run()

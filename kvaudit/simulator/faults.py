@@ -1,0 +1,120 @@
+"""Faults injected on demand, the guard that turns bad pages into recomputes, and the ground truth.
+
+- `raw-ptr:P`: each fetched page is served, with probability P, by a raw-pointer
+  fallback that carries a process-local address and none of the portable metadata
+  (model, dtype, shape, layout, TP geometry).
+- `rolling-upgrade:T`: at simulated second T the last replica restarts with the packed
+  KV layout. Page keys do not include the layout, so from then on pages of one
+  layout are served to replicas of the other.
+
+Without the guard a bad page is used (silent corruption); with it the page is
+rejected and its tokens are recomputed, which costs their prefill.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from kvaudit.contract import REQUIRED_ON_FETCH, KVConfig, PageDescriptor
+
+RAW_PTR: Final = "raw-ptr"
+ROLLING_UPGRADE: Final = "rolling-upgrade"
+# What a consumer can check a page against: its own configuration.
+_CHECKED: Final = ("model", "dtype", "layout", "world_size", "rank", "hash_algo")
+
+
+@dataclass(frozen=True)
+class Faults:
+    raw_ptr: float = 0.0
+    upgrade_at_s: float | None = None
+    guard: bool = False
+
+
+def parse_faults(specs: list[str], *, guard: bool = False) -> Faults:
+    """`raw-ptr:0.01` and `rolling-upgrade:120` (seconds of simulated time).
+
+    Raises:
+        ValueError: unknown fault or bad value.
+    """
+    raw_ptr, upgrade_at = 0.0, None
+    for spec in specs:
+        kind, _, value = spec.partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"fault {spec!r}: expected {RAW_PTR}:SHARE or {ROLLING_UPGRADE}:SECONDS") from None
+        if kind == RAW_PTR and 0 <= number <= 1:
+            raw_ptr = number
+        elif kind == ROLLING_UPGRADE and number >= 0:
+            upgrade_at = number
+        else:
+            raise ValueError(f"fault {spec!r}: expected {RAW_PTR}:SHARE (0..1) or {ROLLING_UPGRADE}:SECONDS (>= 0)")
+    return Faults(raw_ptr, upgrade_at, guard)
+
+
+class GroundTruth(msgspec.Struct, kw_only=True):
+    """One injected fault: a fetched page that was not what its consumer needed.
+
+    The fetch span is named by `trace_id`: the simulator gives every request its own
+    trace and emits one fetch span per request.
+    """
+
+    fault: str
+    replica: str
+    request_id: str
+    trace_id: str
+    key: str
+    token_start: int
+    time_ns: int
+    used: bool
+    producer: str
+    page_layout: str | None
+    consumer_layout: str | None
+
+
+class Injector:
+    """Serves fetched pages, some of them faulty, and judges them as the guard would."""
+
+    def __init__(self, faults: Faults, seed: int) -> None:
+        self.faults = faults
+        self._rng = random.Random(f"{seed}:faults")
+
+    def serve(self, stored: PageDescriptor, tier: str, consumer: KVConfig) -> tuple[PageDescriptor, str | None]:
+        """The page as `consumer` receives it, and the fault it carries (if any)."""
+        if self.faults.raw_ptr and self._rng.random() < self.faults.raw_ptr:
+            bare = PageDescriptor(
+                key=stored.key,
+                hash_algo=stored.hash_algo,
+                token_start=stored.token_start,
+                token_end=stored.token_end,
+                bytes=stored.bytes,
+                transfer="raw_ptr",
+                address=0x7F00_0000_0000 + self._rng.randrange(1 << 32) * 4096,
+                tier=tier,
+            )
+            return bare, RAW_PTR
+        served = msgspec.structs.replace(stored, transfer="copy", tier=tier)
+        return served, ROLLING_UPGRADE if stored.layout != consumer.layout else None
+
+    def accepts(self, page: PageDescriptor, consumer: KVConfig) -> bool:
+        """The guard: every required field present and equal to the consumer's own configuration."""
+        if page.missing(REQUIRED_ON_FETCH - {"used"}):
+            return False
+        return all(getattr(page, name) == getattr(consumer, name) for name in _CHECKED)
+
+
+def write_ground_truth(path: Path, records: list[GroundTruth]) -> None:
+    encoder = msgspec.json.Encoder()
+    with path.open("wb") as out:
+        for record in records:
+            out.write(encoder.encode(record) + b"\n")
+
+
+def read_ground_truth(path: Path) -> list[GroundTruth]:
+    decoder = msgspec.json.Decoder(GroundTruth)
+    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line]

@@ -1,0 +1,40 @@
+-- KVA003 size-mismatch: a fetched page's bytes differ from its shape times its dtype's size.
+--
+-- What it catches: fetched pages whose `bytes` is not the product of `shape` times the
+--   element size of `dtype` (pages lacking one of the three are KVA001's).
+-- Why it matters: a payload whose size does not match its own declared geometry is
+--   truncated, padded or described wrongly: reading it as that shape reads garbage.
+-- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules) and dtype_sizes (dtype, bytes),
+--   which `kvaudit audit` creates from kvaudit.contract.DTYPE_BYTES; a dtype missing
+--   from it cannot be checked.
+-- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
+--   {"fetched": ..., "expected": ...}.
+WITH shapes AS (
+    -- Few distinct shapes occur, so the product is taken once per shape, not per page.
+    SELECT shape, CAST(product(dim) AS BIGINT) AS elements
+    FROM (SELECT shape, unnest(shape) AS dim FROM (SELECT DISTINCT shape FROM audit_fetches) d) u
+    GROUP BY shape
+),
+sized AS (
+    SELECT f.*, s.elements * d.bytes AS expected_bytes
+    FROM audit_fetches f
+    JOIN shapes s ON s.shape = f.shape
+    JOIN dtype_sizes d ON d.dtype = f.dtype
+)
+SELECT 'KVA003' AS code,
+       'size-mismatch' AS rule,
+       severity,
+       replica,
+       key,
+       trace_id,
+       span_id,
+       json_object(
+           'bytes', json_object('fetched', bytes, 'expected', expected_bytes),
+           'shape', json_object('fetched', shape),
+           'dtype', json_object('fetched', dtype)) AS fields,
+       'fetched page has ' || bytes || ' bytes, its shape and dtype make ' || expected_bytes AS message,
+       producer,
+       file,
+       line
+FROM sized
+WHERE bytes <> expected_bytes;
