@@ -17,7 +17,8 @@ from unittest import mock
 from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
 from kvaudit.emission import Emitter, setup_emitter
 
-from .conftest import KV, full_page
+from .conftest import KV
+from .fleet import page
 
 PAGES = 24  # above the 20-page minimum of the efficiency rules
 _NOW_NS = [1_700_000_000 * 10**9]
@@ -63,7 +64,7 @@ def emitter(trace_dir: Path, replica: str) -> Emitter:
 def store(r: Emitter, keys: range, request: str = "q") -> None:
     with r.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id=request) as op:
         for i in keys:
-            op.add_page(full_page(f"{i:064x}", i))
+            op.add_page(page(f"{i:064x}", i))
         op.end(Outcome.HIT, tokens_stored=32 * len(keys))
 
 
@@ -82,7 +83,7 @@ def clean(trace_dir: Path) -> None:
     r1, r2 = emitter(trace_dir, "r1"), emitter(trace_dir, "r2")
     store(r1, range(PAGES))
     for i in range(PAGES):
-        fetch(r2, [full_page(f"{i:064x}", i, used=True)])
+        fetch(r2, [page(f"{i:064x}", i, used=True)])
     r1.shutdown()
     r2.shutdown()
 
@@ -101,7 +102,7 @@ def rejected_pages(trace_dir: Path) -> None:
     """r2 turns down pages r1 stored (a safe miss each)."""
     r1, r2 = emitter(trace_dir, "r1"), emitter(trace_dir, "r2")
     store(r1, range(3))
-    fetch(r2, [full_page(f"{i:064x}", i, used=False) for i in range(3)], Outcome.REJECTED)
+    fetch(r2, [page(f"{i:064x}", i, used=False) for i in range(3)], Outcome.REJECTED)
     r1.shutdown()
     r2.shutdown()
 
@@ -129,7 +130,7 @@ def slow_fetches(trace_dir: Path) -> None:
     r1, r2 = emitter(trace_dir, "r1"), emitter(trace_dir, "r2")
     store(r1, range(PAGES))
     for i in range(PAGES):
-        fetch(r2, [full_page(f"{i:064x}", i, used=True)], slow_s=0.005)
+        fetch(r2, [page(f"{i:064x}", i, used=True)], slow_s=0.005)
     r1.shutdown()
     r2.shutdown()
 

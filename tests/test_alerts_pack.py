@@ -45,8 +45,8 @@ def test_a_used_malformed_page_pages_at_once(trace_dir: Path):
     alert_traces.used_malformed_page(trace_dir)
     [alert] = _fired(trace_dir)["KVAuditCriticalFinding"]
     assert (alert["replica"], alert["rule"], alert["severity"]) == ("r2", "KVA001", "critical")
-    assert alert["summary"] == "r2 used 1 malformed KV pages (KVA001)"
-    assert "replica = 'r2'" in alert["runbook"]
+    assert alert["summary"] == "r2 used 1 fetched KV pages that break KVA001"
+    assert "rule KVA001 on replica r2" in alert["runbook"]
 
 
 def test_rejected_pages_open_a_ticket(trace_dir: Path):
@@ -62,7 +62,7 @@ def test_telemetry_loss(trace_dir: Path):
     fired = _fired(trace_dir)
     assert list(fired) == ["KVAuditTelemetryLoss"]
     [alert] = fired["KVAuditTelemetryLoss"]
-    assert alert["loss"] == "unreadable trace lines" and alert["file"].endswith("r3.jsonl")
+    assert alert["file"].endswith("r3.jsonl") and alert["summary"].endswith(": 2 KVA007 findings")
 
 
 @pytest.mark.parametrize(

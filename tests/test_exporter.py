@@ -35,19 +35,21 @@ def test_scraped_over_http_and_updated_as_files_grow(trace_dir: Path):
             (("op", "store"), ("replica", "r2")): 24,
         }
         assert "kvaudit_fetch_tokens_requested_total" not in first  # no fetches yet
-        alert_traces.clean(trace_dir)  # r2 now fetches r1's pages: appended to the same files
+        alert_traces.used_malformed_page(trace_dir)  # r2 now fetches r1's pages, and one bare page
         metrics = _scrape(port)
     finally:
         server.shutdown()
     r2 = (("replica", "r2"),)
-    assert metrics["kvaudit_fetch_tokens_requested_total"][r2] == 24 * 32
-    assert metrics["kvaudit_fetch_tokens_hit_total"][r2] == 24 * 32
+    assert metrics["kvaudit_fetch_tokens_requested_total"][r2] == 25 * 32
+    assert metrics["kvaudit_fetch_tokens_hit_total"][r2] == 25 * 32
     assert metrics["kvaudit_fetch_hit_ratio"][r2] == 1.0
     assert metrics["kvaudit_fetch_size_bytes_total"][r2] == 24 * 16384
-    assert metrics["kvaudit_fetch_duration_seconds_count"][r2] == 24
-    assert metrics["kvaudit_fetch_duration_seconds_bucket"][(("le", "+Inf"), ("replica", "r2"))] == 24
+    assert metrics["kvaudit_fetch_duration_seconds_count"][r2] == 25
+    assert metrics["kvaudit_fetch_duration_seconds_bucket"][(("le", "+Inf"), ("replica", "r2"))] == 25
     assert metrics["kvaudit_fetch_cross_replica_tokens_total"][(("producer", "r1"), ("replica", "r2"))] == 24 * 32
     assert metrics["kvaudit_trace_read_errors"][()] == 0
+    findings = metrics["kvaudit_audit_findings"]
+    assert findings[(("code", "KVA001"), ("rule", "incomplete-metadata"), ("severity", "critical"))] == 1
 
 
 def test_names_are_translated_the_prometheus_way():

@@ -34,7 +34,7 @@ def check_files(paths: Iterable[str | Path]) -> list[Problem]:
     groups, problems = read_rule_files(paths)
     store = TraceStore()
     try:
-        prepare(store.con)
+        prepare(store)
         for group in groups:
             for rule in group.rules:
                 problems.extend(check_rule(store.con, rule))

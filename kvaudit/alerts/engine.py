@@ -84,7 +84,7 @@ class RuleEngine:
         `errors`): a broken query must not resolve what it cannot see.
         """
         now = self.clock()
-        prepare(store.con)
+        prepare(store)
         for group in self.groups:
             if now < self._next_due.get(group.name, now):
                 continue

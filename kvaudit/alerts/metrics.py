@@ -1,7 +1,8 @@
 """Derived metrics for Prometheus: what `kvaudit exporter` serves on /metrics.
 
 Each scrape reads what was appended to the trace files since the last one and
-computes the figures with SQL over the views. Names are defined OTel-style (dotted,
+computes the figures with SQL over the views, the named queries and the audit's
+findings (see `context`). Names are defined OTel-style (dotted,
 with a UCUM unit) and translated the way OpenTelemetry's Prometheus exporter does
 (`kvaudit.fetch.duration` in `s` → `kvaudit_fetch_duration_seconds`), so dashboards
 built on either path agree.
@@ -18,6 +19,7 @@ from typing import Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvaudit.alerts.context import prepare
 from kvaudit.store import TraceStore
 
 # UCUM units as OpenTelemetry's Prometheus translation spells them.
@@ -72,22 +74,17 @@ CROSS_TOKENS: Final = _Spec(
 )
 PAGES: Final = _Spec("kvaudit.pages", "{page}", "counter", "Page descriptors in the traces, by operation")
 READ_ERRORS: Final = _Spec("kvaudit.trace.read_errors", "{line}", "gauge", "Unreadable trace file lines")
+FINDINGS: Final = _Spec("kvaudit.audit.findings", "{finding}", "gauge", "Audit findings (kvaudit audit), by rule")
 
 _BUCKET_COLUMNS: Final = ", ".join(f"count(*) FILTER (WHERE duration_ms <= {b * 1000})" for b in LATENCY_BUCKETS_S)
 _FETCH_SPANS: Final = f"""
     SELECT replica, coalesce(sum(tokens_requested), 0), coalesce(sum(tokens_hit), 0), coalesce(sum(bytes), 0),
            count(*), coalesce(sum(duration_ms), 0) / 1e3, {_BUCKET_COLUMNS}
     FROM spans WHERE op = 'fetch' AND replica IS NOT NULL GROUP BY replica ORDER BY replica"""
-# The producer of a fetched page: the replica of the earliest store of its key (DESIGN.md section 3).
+# The named query `cross_replica_reuse` (a view, see `context`) knows each fetched page's producer.
 _CROSS_REPLICA: Final = """
-    WITH first_store AS (
-        SELECT key, arg_min(replica, time_ns) AS producer, min(time_ns) AS stored_ns
-        FROM pages WHERE op = 'store' AND key IS NOT NULL AND tier IS DISTINCT FROM 'gpu' GROUP BY key
-    )
-    SELECT p.replica, f.producer, coalesce(sum(p.token_end - p.token_start), 0)
-    FROM pages p JOIN first_store f ON f.key = p.key AND f.stored_ns <= p.time_ns
-    WHERE p.op = 'fetch' AND p.used AND f.producer <> p.replica
-    GROUP BY ALL ORDER BY ALL"""
+    SELECT consumer, producer, sum(tokens) FROM query_cross_replica_reuse WHERE crossed GROUP BY ALL ORDER BY ALL"""
+_FINDINGS: Final = "SELECT code, rule, severity, count(*) FROM findings GROUP BY ALL ORDER BY ALL"
 _PAGES: Final = "SELECT replica, op, count(*) FROM pages WHERE op IS NOT NULL GROUP BY ALL ORDER BY ALL"
 
 
@@ -109,10 +106,12 @@ class TraceMetrics(Collector):
         with self._lock:
             if self._refresh:
                 self.store.refresh(final=False)
+            prepare(self.store)
             yield from self._fetch_families()
             yield self._family(CROSS_TOKENS, ["replica", "producer"], _CROSS_REPLICA)
             yield self._family(PAGES, ["replica", "op"], _PAGES)
             yield self._family(READ_ERRORS, [], "SELECT count(*) FROM read_errors")
+            yield self._family(FINDINGS, ["code", "rule", "severity"], _FINDINGS)
 
     def _fetch_families(self) -> Iterator[Metric]:
         requested = CounterMetricFamily(TOKENS_REQUESTED.prometheus, TOKENS_REQUESTED.help, labels=["replica"])
