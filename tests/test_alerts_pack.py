@@ -148,3 +148,19 @@ def test_rules_can_use_named_queries(trace_dir: Path, tmp_path: Path, capsys: py
     assert main(["alerts", "check", str(rules)]) == 0
     assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules), "--format", "csv"]) == 0
     assert "firing,warning,LowHitRate,replica=r2,0," in capsys.readouterr().out
+
+
+def test_a_simulated_rolling_upgrade_pages_and_clean_traffic_is_silent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    for name, faults in (("clean", []), ("upgrade", ["--fault", "rolling-upgrade:20"])):
+        assert main(["simulate", "--out", str(tmp_path / name), "--duration", "40", "-q", *faults]) == 0
+    capsys.readouterr()
+    assert main(["alerts", "eval", str(tmp_path / "clean" / "traces"), "--format", "json"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["alerts", "eval", str(tmp_path / "upgrade" / "traces"), "--format", "json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows and {(r["state"], r["alertname"], r["severity"]) for r in rows} == {
+        ("firing", "KVAuditCriticalFinding", "critical")
+    }
+    assert all("rule=KVA005" in r["labels"] for r in rows)  # the new layout does not fit the old pages
