@@ -21,10 +21,9 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from kvaudit.analysis import set_variables
+from kvaudit.backends import Backend, Source, as_backend
 from kvaudit.contract import DTYPE_BYTES
 from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
 
 SEVERITY_ORDER: Final = {"critical": 0, "warning": 1, "info": 2}
 LINEAGE_QUERY: Final = "audit/lineage"
@@ -59,15 +58,16 @@ def rule_queries() -> list[str]:
     return [f"audit/{name.removesuffix('.sql')}" for name in sorted(names) if name.startswith("kva")]
 
 
-def run_audit(store: TraceStore, *, skew_s: float = 1.0) -> list[Finding]:
+def run_audit(source: Source, *, skew_s: float = 1.0) -> list[Finding]:
     """Every finding of every rule, critical first.
 
     Args:
-        store: the traces.
+        source: the traces (a store, or a backend such as ClickHouse).
         skew_s: clock skew allowed when deciding that a store preceded a fetch.
     """
-    _prepare(store, skew_s)
-    columns, rows = store.query(audit_query())
+    backend = as_backend(source)
+    _prepare(backend)
+    columns, rows = backend.query(audit_query(), {"kvaudit_skew_s": skew_s})
     return sorted((_finding(dict(zip(columns, row))) for row in rows), key=_sort_key)
 
 
@@ -81,7 +81,7 @@ def _statement(name: str) -> str:
     return load(name).strip().rstrip(";")
 
 
-def _prepare(store: TraceStore, skew_s: float) -> None:
+def _prepare(backend: Backend) -> None:
     # KVA003 needs element sizes; the contract owns them, so the SQL gets them as a table.
     sizes = pa.table(
         {
@@ -89,10 +89,7 @@ def _prepare(store: TraceStore, skew_s: float) -> None:
             "bytes": [*DTYPE_BYTES.values(), *DTYPE_BYTES.values()],
         }
     )
-    store.con.register("_dtype_sizes", sizes)
-    store.con.execute("CREATE OR REPLACE TEMP TABLE dtype_sizes AS SELECT * FROM _dtype_sizes")
-    store.con.unregister("_dtype_sizes")
-    set_variables(store, {"kvaudit_skew_s": skew_s})
+    backend.temp_table("dtype_sizes", sizes)
 
 
 def _finding(record: dict[str, Any]) -> Finding:

@@ -21,9 +21,8 @@ from typing import Final
 import numba
 import numpy as np
 
-from kvaudit.analysis import set_variables
+from kvaudit.backends import Source, as_backend
 from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
 
 STREAM_QUERY: Final = "capacity_curve"
 # Traces up to this many accesses are computed exactly when no rate is given.
@@ -58,26 +57,26 @@ class CapacityCurve:
         return np.linspace(0.0, top, points)
 
 
-def capacity_curve(store: TraceStore, *, sample_rate: float | None = None) -> CapacityCurve:
+def capacity_curve(source: Source, *, sample_rate: float | None = None) -> CapacityCurve:
     """The capacity curve of the traces' store/fetch reference stream.
 
     Args:
-        store: the traces.
+        source: the traces (a store, or a backend such as ClickHouse).
         sample_rate: SHARDS rate in (0, 1]; 1.0 is exact; None is exact up to
             `EXACT_LIMIT` accesses and sampled down to about that many above it.
 
     Raises:
         ValueError: a rate outside (0, 1].
     """
+    backend = as_backend(source)
     if sample_rate is None:
-        _, [(accesses,)] = store.query(
+        _, [(accesses,)] = backend.query(
             "SELECT count(*) FROM pages WHERE op IN ('store', 'fetch') AND key IS NOT NULL"
         )
         sample_rate = min(1.0, EXACT_LIMIT / accesses) if accesses else 1.0
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample rate {sample_rate} is not in (0, 1]")
-    set_variables(store, {"kvaudit_sample_rate": sample_rate})
-    stream = store.con.sql(load(STREAM_QUERY)).to_arrow_table()
+    stream = backend.arrow(load(STREAM_QUERY), {"kvaudit_sample_rate": sample_rate})
     keys = stream.column("key_hash").to_numpy()
     weights = stream.column("bytes").to_numpy().astype(np.float64)
     return curve_of_stream(keys, weights, sample_rate)

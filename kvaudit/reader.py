@@ -9,6 +9,7 @@ lines never stop a read: each becomes a `file:line: reason` row in `read_errors`
 from __future__ import annotations
 
 import base64
+import decimal
 import gc
 import hashlib
 import itertools
@@ -241,18 +242,51 @@ def _fill(
         if slot is not None:
             row[slot[0]] = getattr(kv.value, slot[1])
         elif extra is not None:
-            extra[kv.key] = _text(kv.value)
+            extra[kv.key] = attribute_text(kv.value)
     return row
 
 
-def _text(value: AnyValue) -> str:
-    for item in msgspec.structs.astuple(value):
-        if item is not None:
-            return item if isinstance(item, str) else msgspec.json.encode(item).decode()
+def attribute_text(value: AnyValue) -> str:
+    """An attribute value as text, the way the OpenTelemetry Collector renders it (pdata's
+    `AsString`, which its ClickHouse exporter stores): integers in decimal, booleans as
+    `true`/`false`, arrays and maps as JSON, so both backends see the same text."""
+    if value.stringValue is not None:
+        return value.stringValue
+    if value.boolValue is not None:
+        return "true" if value.boolValue else "false"
+    if value.intValue is not None:
+        return str(int(value.intValue))
+    if value.doubleValue is not None:
+        return _double_text(float(value.doubleValue))
+    if value.bytesValue is not None:
+        return value.bytesValue
+    if value.arrayValue is not None or value.kvlistValue is not None:
+        return msgspec.json.encode(_raw(value)).decode()
     return ""
 
 
-def _hex_id(value: str, size: int) -> str:
+def _double_text(value: float) -> str:
+    # Go's FormatFloat(v, 'f', -1, 64): shortest digits, never an exponent.
+    if value != value or value in (float("inf"), float("-inf")):
+        return {"inf": "+Inf", "-inf": "-Inf"}.get(str(value), "NaN")
+    text = format(decimal.Decimal(repr(value)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _raw(value: AnyValue) -> Any:
+    if value.arrayValue is not None:
+        return [_raw(item) for item in value.arrayValue.values]
+    if value.kvlistValue is not None:
+        return {kv.key: _raw(kv.value) for kv in value.kvlistValue.values}
+    if value.intValue is not None:
+        return int(value.intValue)
+    for item in (value.stringValue, value.boolValue, value.doubleValue, value.bytesValue):
+        if item is not None:
+            return item
+    return None
+
+
+def hex_id(value: str, size: int) -> str:
     """Ids as hex whether the writer used hex (OTLP JSON) or base64 (protobuf JSON)."""
     if len(value) == 2 * size or not value:
         return value.lower()
@@ -260,8 +294,10 @@ def _hex_id(value: str, size: int) -> str:
 
 
 def _resource_id(attributes: list[KeyValue]) -> int:
-    digest = hashlib.blake2b(msgspec.json.encode(sorted((kv.key, kv.value) for kv in attributes)), digest_size=8)
-    return int.from_bytes(digest.digest(), "little", signed=True)
+    # Computed from the attributes' text so that ClickHouse, which keeps only that text
+    # (kvaudit.backends.clickhouse_views), derives the same id for the same process.
+    text = "\n".join(sorted(f"{kv.key}={attribute_text(kv.value)}" for kv in attributes))
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "little", signed=True)
 
 
 _SPAN_SLOTS: Final = _slots(SPAN_ATTR_COLUMNS)
@@ -303,8 +339,8 @@ def _decode_line(columns: _Columns, line_no: int, raw: bytes) -> None:
         replica = resource[_REPLICA_SLOT]
         for scope_spans in resource_spans.scopeSpans:
             for span in scope_spans.spans:
-                trace_id = _hex_id(span.traceId, 16)
-                span_id = _hex_id(span.spanId, 8)
+                trace_id = hex_id(span.traceId, 16)
+                span_id = hex_id(span.spanId, 8)
                 extra: dict[str, str] = {}
                 attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, extra)
                 columns.spans.append(
@@ -315,7 +351,7 @@ def _decode_line(columns: _Columns, line_no: int, raw: bytes) -> None:
                         replica,
                         trace_id,
                         span_id,
-                        _hex_id(span.parentSpanId, 8) or None,
+                        hex_id(span.parentSpanId, 8) or None,
                         span.name,
                         int(span.startTimeUnixNano),
                         int(span.endTimeUnixNano),

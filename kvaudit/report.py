@@ -14,10 +14,10 @@ from rich.console import Console
 
 from kvaudit.analysis import run_named
 from kvaudit.audit import Finding, run_audit
+from kvaudit.backends import Source
 from kvaudit.capacity import CapacityCurve, capacity_curve
 from kvaudit.findings_output import write_table
 from kvaudit.output import write_rows
-from kvaudit.store import TraceStore
 
 # The named queries a report shows, in order, with their section titles.
 SECTIONS: Final = {
@@ -64,19 +64,19 @@ class Report:
 
 
 def gather(
-    store: TraceStore,
+    source: Source,
     *,
     skew_s: float = 1.0,
     bucket_s: float = 60.0,
     sample_rate: float | None = None,
 ) -> Report:
-    """Run everything a report shows over the store."""
-    report = Report(run_audit(store, skew_s=skew_s))
+    """Run everything a report shows over the traces (a store, or a backend such as ClickHouse)."""
+    report = Report(run_audit(source, skew_s=skew_s))
     variables = {"kvaudit_skew_s": skew_s, "kvaudit_bucket_s": bucket_s}
     for name in SECTIONS:
-        report.tables[name] = Table(*run_named(store, name, variables))
-    report.hit_rate_totals = Table(*run_named(store, "hit_rate", {"kvaudit_bucket_s": WHOLE_TRACE_S}))
-    report.capacity = capacity_curve(store, sample_rate=sample_rate)
+        report.tables[name] = Table(*run_named(source, name, variables))
+    report.hit_rate_totals = Table(*run_named(source, "hit_rate", {"kvaudit_bucket_s": WHOLE_TRACE_S}))
+    report.capacity = capacity_curve(source, sample_rate=sample_rate)
     return report
 
 

@@ -32,6 +32,7 @@ from typing import Any, Final
 import duckdb
 import pyarrow as pa
 
+from kvaudit import parquet
 from kvaudit.reader import (
     ERRORS_SCHEMA,
     PAGES_SCHEMA,
@@ -110,9 +111,28 @@ class TraceStore:
             raise ValueError(f"{database}: not a kvaudit database ({str(exc).splitlines()[0]})") from None
         return store
 
+    @classmethod
+    def open_parquet(cls, root: str) -> TraceStore:
+        """A store over a Parquet dataset written by `kvaudit ingest --parquet`, read in place.
+
+        Raises:
+            FileNotFoundError: a local root that is not such a dataset.
+            duckdb.Error: a remote root that cannot be read.
+        """
+        if "://" not in root and not parquet.is_dataset(root):
+            raise FileNotFoundError(f"{root}: not a Parquet dataset written by `kvaudit ingest --parquet`")
+        store = cls.__new__(cls)
+        store.paths, store._workers, store._cursors = [], None, {}
+        store.con = duckdb.connect()
+        for name, query in parquet.sources(root, store.con).items():
+            store.con.execute(f"CREATE VIEW {name} AS {query}")
+        store._create()
+        return store
+
     def _create(self) -> None:
         for name, schema in _TABLES.items():
             self.con.register("_empty", schema.empty_table())
+            # A store over Parquet (open_parquet) has views of these names already.
             self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} AS SELECT * FROM _empty")
             self.con.unregister("_empty")
         for name, body in _VIEWS.items():
@@ -176,12 +196,14 @@ class TraceStore:
 
 
 def open_store(paths: Sequence[str], *, progress: Callable[[int], None] | None = None) -> TraceStore:
-    """A store over trace paths, or over one database written by `kvaudit ingest`.
+    """A store over trace paths, or over one database or Parquet dataset written by `kvaudit ingest`.
 
     Raises:
         FileNotFoundError: a path matches nothing.
         ValueError: a `.duckdb` file that is not a kvaudit database, or mixed with trace files.
     """
+    if len(paths) == 1 and parquet.is_dataset(str(paths[0])):
+        return TraceStore.open_parquet(str(paths[0]))
     databases = [p for p in paths if str(p).endswith(".duckdb")]
     if databases:
         if len(paths) != 1:

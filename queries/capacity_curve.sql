@@ -9,11 +9,13 @@
 --           the stream and kvaudit.capacity computes the curve (`kvaudit report`).
 --           SHARDS spatial sampling (Waldspurger et al., FAST '15) happens here: a key is
 --           kept when its hash falls under the sampling rate, so a kept key keeps all its
---           accesses and distances scale by 1 / rate.
+--           accesses and distances scale by 1 / rate. The hash is MD5's upper half,
+--           which DuckDB and ClickHouse compute alike (queries/README.md), so both
+--           engines sample the same keys.
 -- Parameters: kvaudit_sample_rate (DOUBLE, default 1.0: exact): share of keys kept.
 -- Columns: key_hash (UBIGINT), bytes (the page's bytes, 0 when absent), in access order.
-SELECT hash(key) AS key_hash, coalesce(bytes, 0) AS bytes
+SELECT md5_number_upper(key) AS key_hash, coalesce(bytes, 0) AS bytes
 FROM pages
 WHERE op IN ('store', 'fetch') AND key IS NOT NULL
-  AND hash(key) % 1000000 < coalesce(getvariable('kvaudit_sample_rate'), 1.0) * 1000000
+  AND md5_number_upper(key) % 1000000 < coalesce(getvariable('kvaudit_sample_rate'), 1.0) * 1000000
 ORDER BY time_ns, file, line;

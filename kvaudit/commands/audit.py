@@ -6,10 +6,10 @@ import argparse
 import sys
 
 from kvaudit.audit import Finding, run_audit
+from kvaudit.backends import Backend, add_backend_option, open_backend
 from kvaudit.cli import UsageError, command_parser
 from kvaudit.durations import parse_duration
 from kvaudit.findings_output import write_json, write_table
-from kvaudit.store import TraceStore, open_store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,20 +28,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """The trace paths and the clock skew: what every command built on the auditor reads."""
     parser.add_argument(
-        "paths", nargs="+", metavar="PATH", help="trace files, directories, globs, or one .duckdb from `kvaudit ingest`"
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="trace files, directories, globs, one .duckdb from `kvaudit ingest`, or a Parquet directory",
     )
+    add_backend_option(parser)
     parser.add_argument(
         "--skew", type=parse_duration, default=1.0, help="clock skew allowed between replicas (default 1s)"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    store = open_store(args.paths)
-    try:
-        require_spans(store)
-        findings = run_audit(store, skew_s=args.skew)
-    finally:
-        store.close()
+    with open_backend(args.backend, args.paths) as backend:
+        require_spans(backend)
+        findings = run_audit(backend, skew_s=args.skew)
     if args.format == "json":
         write_json(findings, sys.stdout)
     else:
@@ -49,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     return exit_status(findings)
 
 
-def require_spans(store: TraceStore) -> None:
+def require_spans(backend: Backend) -> None:
     """Raise UsageError when the input holds no spans at all: nothing to audit is unusable input."""
-    _, [(spans, errors)] = store.query("SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)")
+    _, [(spans, errors)] = backend.query("SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)")
     if not spans:
         raise UsageError(f"no spans to audit ({errors} unreadable lines)")
 

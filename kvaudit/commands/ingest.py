@@ -1,4 +1,4 @@
-"""`kvaudit ingest`: materialise trace files into a DuckDB database with the same views."""
+"""`kvaudit ingest`: materialise trace files into a DuckDB database or a Parquet dataset, with the same views."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+from kvaudit import parquet
 from kvaudit.cli import UsageError, command_parser
 from kvaudit.output import warn_read_errors
 from kvaudit.store import TraceStore
@@ -16,31 +17,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "ingest",
-        "Read trace files once into a DuckDB database (columnar), with the kvaudit views on top.",
-        'kvaudit ingest traces/ -o traces.duckdb && kvaudit sql traces.duckdb "SELECT count(*) FROM pages"',
+        "Read trace files once into a DuckDB database or a Parquet dataset (columnar), with the kvaudit views on top.",
+        'kvaudit ingest traces/ -o traces.duckdb && kvaudit sql traces.duckdb "SELECT count(*) FROM pages"\n'
+        '  kvaudit ingest traces/ --parquet fleet/ && kvaudit sql fleet/ "SELECT count(*) FROM pages"',
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files, directories or globs")
-    parser.add_argument("-o", "--output", required=True, help="the .duckdb file to write (appended to if it exists)")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("-o", "--output", help="the .duckdb file to write (appended to if it exists)")
+    target.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="a directory of Parquet partitioned by day and replica, sorted by replica, key and time"
+        " (appended to if it exists)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.output.endswith(".duckdb"):
+    if args.output is not None and not args.output.endswith(".duckdb"):
         raise UsageError(f"{args.output}: the output name must end in .duckdb")
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    store = TraceStore(args.paths, args.output)
+    if args.output is not None:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    store = TraceStore(args.paths, args.output or ":memory:")
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())
         tables = store.refresh(progress=lambda n: progress.advance(task, n))
     warn_read_errors([(row["file"], row["line"], row["reason"]) for row in tables.errors.to_pylist()])
+    if args.parquet is not None:
+        parquet.write(store, args.parquet)
+        store.close()
+        store = TraceStore.open_parquet(args.parquet)
     _, [(pages, spans, errors)] = store.query(
         "SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)"
     )
     store.close()
     print(
-        f"{args.output}: {pages} page descriptors, {spans} spans"
+        f"{args.output or args.parquet}: {pages} page descriptors, {spans} spans"
         f" (+{tables.pages.num_rows} and +{tables.spans.num_rows} now), {errors} unreadable lines"
     )
     return 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvaudit.backends import open_backend
 from kvaudit.cli import command_parser
 from kvaudit.commands.audit import add_input_arguments, exit_status, require_spans
 from kvaudit.durations import parse_duration
 from kvaudit.report import gather, print_report
 from kvaudit.report_html import write_html
-from kvaudit.store import open_store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,14 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = open_store(args.paths)
-    try:
-        require_spans(store)
-        report = gather(store, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)
-    finally:
-        store.close()
+    with open_backend(args.backend, args.paths) as backend:
+        require_spans(backend)
+        report = gather(backend, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)
     print_report(report, sys.stdout)
     if args.html:
-        write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths)}")
+        write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths) or args.backend}")
         print(f"\nHTML report: {args.html}")
     return exit_status(report.findings)

@@ -1,13 +1,13 @@
-"""`kvaudit sql`: a query over the kvaudit views of trace files."""
+"""`kvaudit sql`: a query over the kvaudit views of trace files (or of ClickHouse)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from kvaudit.backends import add_backend_option, open_backend
 from kvaudit.cli import UsageError, command_parser
 from kvaudit.output import FORMATS, warn_read_errors, write_rows
-from kvaudit.store import open_store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,13 +16,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sql",
         "Run SQL over the spans, pages, replicas and read_errors views of trace files.",
         'kvaudit sql traces/ "SELECT replica, op, count(*) AS pages FROM pages GROUP BY ALL"\n'
-        "  kvaudit sql traces.duckdb -f queries/hit_rate.sql --format csv",
+        "  kvaudit sql traces.duckdb -f queries/hit_rate.sql --format csv\n"
+        "  kvaudit sql --backend clickhouse://localhost:8123/otel -f queries/summary.sql",
     )
     parser.add_argument(
-        "paths", nargs="+", metavar="PATH", help="trace files, directories, globs, or one .duckdb from `kvaudit ingest`"
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="trace files, directories, globs, one .duckdb from `kvaudit ingest`, or a Parquet directory",
     )
     parser.add_argument("-f", "--file", help="read the query from this .sql file")
     parser.add_argument("--format", choices=FORMATS, default="table")
+    add_backend_option(parser)
     parser.set_defaults(run=run)
 
 
@@ -30,12 +35,12 @@ def run(args: argparse.Namespace) -> int:
     paths = list(args.paths)
     if args.file:
         query = Path(args.file).read_text()
-    elif len(paths) >= 2:
+    elif len(paths) >= (1 if args.backend else 2):
         query = paths.pop()
     else:
         raise UsageError("give a query after the paths, or -f FILE")
-    store = open_store(paths)
-    warn_read_errors(store.query("SELECT file, line, reason FROM read_errors ORDER BY file, line")[1])
-    columns, rows = store.query(query)
+    with open_backend(args.backend, paths) as backend:
+        warn_read_errors(backend.query("SELECT file, line, reason FROM read_errors ORDER BY file, line")[1])
+        columns, rows = backend.query(query)
     write_rows(columns, rows, args.format)
     return 0

@@ -1,0 +1,234 @@
+"""ClickHouse behind the OpenTelemetry Collector, as a kvaudit backend.
+
+The Collector's ClickHouse exporter writes spans into `otel_traces`; kvaudit defines
+its views over that table as temporary views of its own session (nothing is created
+in the database) and runs kvaudit SQL translated to ClickHouse's dialect. Two
+connections: a ClickHouse server through clickhouse-connect (`clickhouse://` URLs),
+and chdb, the ClickHouse engine in-process (tests, local files).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from typing import Any, Final
+from urllib.parse import parse_qs, unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import sqlglot
+
+from kvaudit.backends.base import Backend, BackendError, Params, Rows
+from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
+from kvaudit.backends.translate import WRITE, to_clickhouse
+
+# DuckDB's semantics where ClickHouse's defaults differ: an outer join's missing side
+# is NULL (not the type's default), an aggregate over no rows is NULL (not 0), a name
+# that is both a column and an alias of the same SELECT is the column (`sum(x) AS x`
+# would otherwise nest aggregates), and the views' nullable arrays (Variant) may be
+# grouped and sorted by, as lists in DuckDB.
+SETTINGS: Final[dict[str, Any]] = {
+    "prefer_column_name_to_alias": 1,
+    "join_use_nulls": 1,
+    "aggregate_functions_null_for_empty": 1,
+    "allow_suspicious_types_in_group_by": 1,
+    "allow_suspicious_types_in_order_by": 1,
+}
+SCHEMES: Final = ("clickhouse", "clickhouses")
+DEFAULT_PORTS: Final = {"clickhouse": 8123, "clickhouses": 8443}
+
+
+class Connection(ABC):
+    """One ClickHouse session: what `ClickHouseBackend` needs from a client."""
+
+    @abstractmethod
+    def arrow(self, sql: str) -> pa.Table:
+        """The rows of one ClickHouse query. Raises BackendError."""
+
+    @abstractmethod
+    def command(self, sql: str) -> None:
+        """Run one ClickHouse statement. Raises BackendError."""
+
+    @abstractmethod
+    def insert(self, table: str, data: pa.Table) -> None:
+        """Append Arrow rows to an existing table. Raises BackendError."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ServerConnection(Connection):
+    """A ClickHouse server over HTTP (clickhouse-connect), in a session of its own."""
+
+    def __init__(self, url: str) -> None:
+        import clickhouse_connect  # imported here: only `clickhouse://` users need it
+
+        parts = urlparse(url)
+        try:
+            self._client = clickhouse_connect.get_client(
+                host=parts.hostname or "localhost",
+                port=parts.port or DEFAULT_PORTS[parts.scheme],
+                username=unquote(parts.username or "default"),
+                password=unquote(parts.password or ""),
+                database=parts.path.strip("/") or "default",
+                secure=parts.scheme == "clickhouses",
+                settings=SETTINGS,
+            )
+        except Exception as exc:  # the client raises its own and its HTTP library's errors
+            raise BackendError(f"{parts.hostname}:{parts.port}: cannot connect to ClickHouse ({exc})") from None
+
+    def arrow(self, sql: str) -> pa.Table:
+        return self._call(self._client.query_arrow, sql)
+
+    def command(self, sql: str) -> None:
+        self._call(self._client.command, sql)
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        self._call(self._client.insert_arrow, table, data)
+
+    def close(self) -> None:
+        self._client.close()
+
+    @staticmethod
+    def _call(method: Any, *args: Any) -> Any:
+        from clickhouse_connect.driver.exceptions import ClickHouseError
+
+        try:
+            return method(*args)
+        except ClickHouseError as exc:
+            raise BackendError(_first_line(exc)) from None
+
+
+class ChdbConnection(Connection):
+    """The ClickHouse engine in this process (chdb), over a database directory or a temporary one."""
+
+    def __init__(self, path: str | None = None) -> None:
+        from chdb import session  # imported here: only chdb users need it
+
+        self._session = session.Session(path) if path else session.Session()
+        for name, value in SETTINGS.items():
+            self.command(f"SET {name} = {value}")
+
+    def arrow(self, sql: str) -> pa.Table:
+        try:
+            return self._session.query(sql, "ArrowTable")
+        except RuntimeError as exc:  # chdb reports every engine error as RuntimeError
+            raise BackendError(_first_line(exc)) from None
+
+    def command(self, sql: str) -> None:
+        self.arrow(sql)
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        # chdb reads Python data only through files or its Python() table function; a
+        # Parquet file keeps every type (maps, nested arrays, nanosecond timestamps).
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "rows.parquet")
+            pq.write_table(data, path)
+            self.command(f"INSERT INTO {table} SELECT * FROM file({_literal(path)}, Parquet)")
+
+    def close(self) -> None:
+        self._session.close()
+
+
+class ClickHouseBackend(Backend):
+    """kvaudit's views over the Collector's `otel_traces` table, queried with kvaudit SQL.
+
+    Args:
+        connection: the session to run in.
+        table: the exporter's traces table (its `traces_table_name`, `otel_traces` by default).
+
+    The views are created in the session at the first query, so that the table may be
+    created after the backend (tests, `clickhouse_load`); a missing table is reported then.
+    """
+
+    dialect = WRITE
+
+    def __init__(self, connection: Connection, table: str = DEFAULT_TABLE) -> None:
+        self.connection = connection
+        self.table = table
+        self._views = False
+        self._columns = view_columns()  # and those of the temporary tables made here
+
+    def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
+        if not self._views:
+            for statement in view_statements(self.table).values():
+                self.connection.command(statement)
+            self._views = True
+        try:
+            statements = to_clickhouse(sql, params, self._columns)
+        except sqlglot.errors.SqlglotError as exc:
+            raise BackendError(f"cannot translate the query to ClickHouse: {_first_line(exc)}") from None
+        result = pa.table({})
+        for statement in statements:
+            if statement.returns_rows:
+                result = self.connection.arrow(statement.sql)
+            else:
+                self.connection.command(statement.sql)
+        return result
+
+    def query(self, sql: str, params: Params | None = None) -> tuple[list[str], Rows]:
+        """As `Backend.query`; timestamps come as naive UTC datetimes, as from DuckDB."""
+        table = self.arrow(sql, params)
+        return table.column_names, list(zip(*(_python_values(column) for column in table.columns)))
+
+    def temp_table(self, name: str, table: pa.Table) -> None:
+        columns = ", ".join(f"{_identifier(f.name)} {_column_type(f.type)}" for f in table.schema)
+        self.connection.command(f"CREATE OR REPLACE TEMPORARY TABLE {_identifier(name)} ({columns}) ENGINE = Memory")
+        if table.num_rows:
+            self.connection.insert(_identifier(name), table)
+        self._columns[name] = table.column_names
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def connect(url: str) -> ClickHouseBackend:
+    """The backend for `clickhouse://[USER[:PASSWORD]@]HOST[:PORT]/DB[?table=otel_traces]`.
+
+    `clickhouses://` uses TLS. The port is the HTTP interface's (8123, or 8443 with TLS).
+
+    Raises:
+        ValueError: not a ClickHouse URL.
+        BackendError: the server cannot be reached or has no such table.
+    """
+    parts = urlparse(url)
+    if parts.scheme not in SCHEMES or not parts.hostname:
+        raise ValueError(f"{url}: expected clickhouse://HOST:PORT/DB")
+    table = parse_qs(parts.query).get("table", [DEFAULT_TABLE])[0]
+    return ClickHouseBackend(ServerConnection(url), table)
+
+
+_CH_TYPES: Final = {
+    pa.string(): "Nullable(String)",
+    pa.int64(): "Nullable(Int64)",
+    pa.float64(): "Nullable(Float64)",
+    pa.bool_(): "Nullable(Bool)",
+}
+
+
+def _python_values(column: pa.ChunkedArray) -> list[Any]:
+    if pa.types.is_timestamp(column.type) and column.type.tz is not None:
+        # The views' times are UTC; DuckDB hands out naive datetimes of microseconds.
+        column = column.cast(pa.timestamp("us"), safe=False)
+    return column.to_pylist()
+
+
+def _column_type(type_: pa.DataType) -> str:
+    try:
+        return _CH_TYPES[type_]
+    except KeyError:
+        raise BackendError(f"no ClickHouse column type for {type_}") from None
+
+
+def _identifier(name: str) -> str:
+    return sqlglot.exp.to_identifier(name, quoted=True).sql(dialect=WRITE)
+
+
+def _literal(text: str) -> str:
+    return sqlglot.exp.Literal.string(text).sql(dialect=WRITE)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

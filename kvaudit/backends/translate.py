@@ -1,0 +1,255 @@
+"""kvaudit SQL (DuckDB's dialect) to ClickHouse, through sqlglot.
+
+The named queries and the audit rules are written once, in DuckDB SQL. sqlglot
+translates most of it; this module adds what kvaudit's queries need beyond that:
+
+- `getvariable('name')`, how the queries take parameters in DuckDB, becomes the
+  parameter's value as a literal (ClickHouse has no session variables);
+- `json_object(...)` becomes JSON text built with `toJSONString` (ClickHouse has no
+  json_object; a nested json_object, or a CASE of them, is embedded as is);
+- `concat_ws` skips NULL arguments, as in DuckDB (sqlglot's translation would turn
+  them into empty strings between separators);
+- `list_product(x)` becomes `arrayProduct(x)`, which also reads the views' nullable
+  arrays (ClickHouse's `arrayJoin`, sqlglot's `unnest`, does not);
+- the aggregate `product(x)` becomes `arrayProduct(groupArray(x))` (ClickHouse has no
+  product aggregate);
+- continuous percentiles (`percentile_cont(q) WITHIN GROUP (ORDER BY x)`,
+  `quantile_cont(x, q)`, `median(x)`) become `quantileExactInclusive(q)(x)`: the same
+  linear interpolation between the two nearest values (sqlglot's `quantile` samples);
+- `to_timestamp(seconds)` keeps its fraction of a second and its time zone (sqlglot's
+  translation truncates to whole seconds);
+- `md5_number_upper(x)` and `md5_number_lower(x)`, the halves of the MD5 digest as
+  UBIGINT, are read the same way out of ClickHouse's `MD5(x)`: a hash both engines
+  compute alike, where DuckDB's `hash` has no equal in ClickHouse;
+- `WITH x AS NOT MATERIALIZED (...)` loses its `NOT MATERIALIZED`: ClickHouse inlines
+  every CTE that is not materialised, and knows no such keyword;
+- `cume_dist()` is spelled in lower case, the only spelling ClickHouse knows;
+- a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`).
+
+Where a construct has no translation, the source query is written in a form both
+engines share instead (see queries/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import Final, NamedTuple
+
+import sqlglot
+from sqlglot import exp
+
+from kvaudit.backends.base import Params
+
+READ: Final = "duckdb"
+WRITE: Final = "clickhouse"
+
+
+class Statement(NamedTuple):
+    sql: str
+    returns_rows: bool  # a query (SELECT, UNION, ...), not a statement such as CREATE
+
+
+def to_clickhouse(
+    sql: str, params: Params | None = None, columns: Mapping[str, Sequence[str]] | None = None
+) -> list[Statement]:
+    """The ClickHouse statements for the kvaudit SQL `sql` with its variables bound.
+
+    Args:
+        sql: kvaudit SQL.
+        params: the values of its `getvariable` variables.
+        columns: the columns of tables and views, by name: `t.*` over one of them (or
+            over a CTE or subquery of them) is expanded, because ClickHouse names the
+            columns of a `t.*` that also occur in another joined table `t.column`, and
+            DuckDB names them `column`.
+
+    Raises:
+        sqlglot.errors.ParseError: `sql` is not valid DuckDB SQL.
+    """
+    bound = tuple(sorted((params or {}).items()))
+    known = tuple(sorted((name, tuple(names)) for name, names in (columns or {}).items()))
+    return list(_translate(sql, bound, known))
+
+
+@lru_cache(maxsize=256)
+def _translate(
+    sql: str, params: tuple[tuple[str, object], ...], columns: tuple[tuple[str, tuple[str, ...]], ...]
+) -> tuple[Statement, ...]:
+    values, known = dict(params), dict(columns)
+    statements = []
+    for tree in sqlglot.parse(sql, read=READ):
+        if tree is None:
+            continue
+        _expand_stars(tree, known)
+        for rewrite in (_bind_variables(values), _rewrite_functions, _rewrite_json_objects):
+            tree = tree.transform(rewrite)
+        statements.append(Statement(tree.sql(dialect=WRITE), isinstance(tree, exp.Query)))
+    return tuple(statements)
+
+
+def _bind_variables(values: dict[str, object]) -> Callable[[exp.Expression], exp.Expression]:
+    def bind(node: exp.Expression) -> exp.Expression:
+        if _is_call(node, "getvariable"):
+            name = node.expressions[0].name
+            value = values.get(name)
+            return exp.null() if value is None else exp.convert(value)
+        return node
+
+    return bind
+
+
+def _expand_stars(tree: exp.Expression, known: dict[str, tuple[str, ...]]) -> None:
+    """Expand `t.*` in place wherever t's columns can be told: a known table or view, or a
+    CTE or subquery built on them (innermost first, so each is known before its users)."""
+    names = dict(known)
+
+    def visit(node: exp.Expression) -> None:
+        # A WITH first (sqlglot keeps it last on a UNION): its CTEs precede their users.
+        children = sorted(node.iter_expressions(), key=lambda child: child.arg_key != "with_")
+        for child in children:
+            visit(child)
+        if isinstance(node, exp.Select):
+            _expand_select(node, names)
+        if isinstance(node, exp.Query) and isinstance(node.parent, exp.CTE | exp.Subquery) and node.parent.alias:
+            output = _output_names(node, names)
+            if output is not None:
+                names[node.parent.alias] = output
+
+    visit(tree)
+
+
+def _sources(select: exp.Select, names: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The columns of each source of a SELECT (by its alias) whose columns are known."""
+    found = {}
+    for join in [select.args.get("from_"), *(select.args.get("joins") or [])]:
+        source = join.this if join is not None else None
+        if isinstance(source, exp.Table) and source.name in names:
+            found[source.alias_or_name] = names[source.name]
+        elif isinstance(source, exp.Subquery) and source.alias in names:
+            found[source.alias] = names[source.alias]
+    return found
+
+
+def _expand_select(select: exp.Select, names: dict[str, tuple[str, ...]]) -> None:
+    sources = _sources(select, names)
+    projections: list[exp.Expression] = []
+    for selected in select.expressions:
+        if isinstance(selected, exp.Column) and isinstance(selected.this, exp.Star) and selected.table in sources:
+            table = selected.table
+            projections += [exp.alias_(exp.column(name, table), name) for name in sources[table]]
+        else:
+            projections.append(selected)
+    if len(projections) != len(select.expressions):
+        select.set("expressions", projections)
+
+
+def _output_names(query: exp.Query, names: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The column names a query outputs, or None where a star hides them."""
+    if isinstance(query, exp.SetOperation):
+        return _output_names(query.left, names)
+    if not isinstance(query, exp.Select):
+        return None
+    sources = _sources(query, names)
+    output: list[str] = []
+    for selected in query.expressions:
+        if isinstance(selected, exp.Star) and len(sources) == 1 and not query.args.get("joins"):
+            output += next(iter(sources.values()))
+        elif selected.is_star:
+            return None
+        else:
+            output.append(selected.alias_or_name)
+    return tuple(output)
+
+
+def _rewrite_functions(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.CTE) and node.args.get("materialized") is False:
+        node.set("materialized", None)
+    if isinstance(node, exp.Select):
+        for i, selected in enumerate(node.expressions):
+            if isinstance(selected, exp.Column) and selected.table and not isinstance(selected.this, exp.Star):
+                node.expressions[i] = exp.alias_(selected, selected.name)
+    if isinstance(node, exp.ConcatWs):
+        separator, *parts = node.expressions
+        strings = [exp.cast(part, exp.DataType.build("Nullable(String)", dialect=WRITE)) for part in parts]
+        # arrayStringConcat leaves NULL elements out, as DuckDB's concat_ws does.
+        return exp.Anonymous(this="arrayStringConcat", expressions=[exp.Array(expressions=strings), separator])
+    percentile = _percentile(node)
+    if percentile is not None:
+        return percentile
+    if isinstance(node, exp.UnixToTime) and node.args.get("scale") is None:
+        micros = exp.cast(exp.func("round", exp.Mul(this=node.this, expression=exp.Literal.number("1e6"))), "Int64")
+        return exp.Anonymous(this="fromUnixTimestamp64Micro", expressions=[micros, exp.Literal.string("UTC")])
+    if isinstance(node, exp.CumeDist):
+        return exp.Anonymous(this="cume_dist")
+    for name, start in (("md5_number_upper", 1), ("md5_number_lower", 9)):
+        if _is_call(node, name):
+            digest = exp.Anonymous(this="MD5", expressions=node.expressions)  # the binary digest, not hex
+            half = exp.func("substring", digest, start, 8)
+            return exp.Anonymous(this="reinterpretAsUInt64", expressions=[half])
+    if _is_call(node, "list_product"):
+        return exp.Anonymous(this="arrayProduct", expressions=node.expressions)
+    if _is_call(node, "product"):
+        grouped = exp.Anonymous(this="groupArray", expressions=node.expressions)
+        product = exp.Anonymous(this="arrayProduct", expressions=[grouped])
+        # Over no non-NULL value DuckDB's product is NULL; arrayProduct of [] is not.
+        no_values = exp.EQ(this=exp.Count(this=node.expressions[0].copy()), expression=exp.Literal.number(0))
+        return exp.If(this=no_values, true=exp.null(), false=product)
+    return node
+
+
+def _percentile(node: exp.Expression) -> exp.Expression | None:
+    """`quantileExactInclusive(q)(x)` for a continuous percentile of x, or None for anything else."""
+    if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont):
+        [ordered] = node.expression.expressions
+        level = node.this.this
+        if ordered.args.get("desc"):
+            level = exp.Sub(this=exp.Literal.number(1), expression=level)
+        value = ordered.this
+    elif isinstance(node, exp.PercentileCont):
+        value, level = node.this, node.expression
+    elif isinstance(node, exp.Median):
+        value, level = node.this, exp.Literal.number(0.5)
+    else:
+        return None
+    return exp.ParameterizedAgg(this="quantileExactInclusive", expressions=[level], params=[value])
+
+
+def _rewrite_json_objects(node: exp.Expression) -> exp.Expression:
+    # `transform` does not descend into a replaced node, so nested objects are built here.
+    return _json_text(node) if isinstance(node, exp.JSONObject) else node
+
+
+def _json_text(node: exp.JSONObject) -> exp.Expression:
+    parts: list[exp.Expression] = []
+    for i, pair in enumerate(node.expressions):
+        prefix = ("," if i else "{") + json.dumps(pair.this.name) + ":"
+        parts += [exp.Literal.string(prefix), _json_value(pair.expression)]
+    parts.append(exp.Literal.string("}" if parts else "{}"))
+    return exp.Anonymous(this="concat", expressions=parts)
+
+
+def _json_value(value: exp.Expression) -> exp.Expression:
+    """A value as JSON text; NULL as `null`, like DuckDB's json_object."""
+    if isinstance(value, exp.JSONObject):
+        return _json_text(value)
+    if isinstance(value, exp.Case) and _json_branches(value):
+        for branch in value.args.get("ifs") or []:
+            if isinstance(branch.args["true"], exp.JSONObject):
+                branch.set("true", _json_text(branch.args["true"]))
+        if isinstance(value.args.get("default"), exp.JSONObject):
+            value.set("default", _json_text(value.args["default"]))
+        return exp.func("ifNull", value, exp.Literal.string("null"))
+    return exp.func("ifNull", exp.Anonymous(this="toJSONString", expressions=[value]), exp.Literal.string("null"))
+
+
+def _json_branches(case: exp.Case) -> bool:
+    """Whether every result of a CASE is a json_object (or NULL): its text is embedded as is."""
+    results = [branch.args["true"] for branch in case.args.get("ifs") or []]
+    if case.args.get("default") is not None:
+        results.append(case.args["default"])
+    return bool(results) and all(isinstance(r, exp.JSONObject | exp.Null) for r in results)
+
+
+def _is_call(node: exp.Expression, name: str) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.lower() == name

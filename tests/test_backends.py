@@ -1,0 +1,246 @@
+"""The same queries give the same answers on DuckDB over trace files and on ClickHouse (chdb).
+
+The traces are written through the real emitter; ClickHouse gets them as the
+Collector's ClickHouse exporter would store them (kvaudit.backends.clickhouse_load).
+Every named query in queries/ is compared, so new ones are covered as they are added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+from collections.abc import Iterator
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvaudit.audit import run_audit
+from kvaudit.backends import Backend, BackendError, open_backend
+from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend, connect
+from kvaudit.backends.clickhouse_load import create_table, load_files
+from kvaudit.backends.clickhouse_views import view_columns
+from kvaudit.backends.duckdb_backend import DuckDBBackend
+from kvaudit.capacity import capacity_curve
+from kvaudit.cli import main
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.emission import setup_emitter
+from kvaudit.named_queries import load
+from kvaudit.otlp_schema import AnyValue, ArrayValue
+from kvaudit.reader import attribute_text
+from kvaudit.store import open_store
+
+from .conftest import KV, full_page
+
+# Columns whose values the Collector's table does not keep (see clickhouse_views).
+NOT_IN_CLICKHOUSE = {"file", "line", "dropped_attributes", "dropped_events", "attributes"}
+
+
+def write_fleet(directory: Path) -> None:
+    """Two replicas sharing a pool, with the cases the views, queries and audit rules must agree
+    on: complete and incomplete pages, rejected ones, process-local addresses, a wrong size,
+    another layout than the consumer's, keys nobody stored."""
+    producer = setup_emitter("r1", f"file:{directory}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
+    consumer = setup_emitter("r2", f"file:{directory}/r2.jsonl", engine="lmcache", kv=KV, export_delay_s=0.01)
+    for n in range(4):
+        with producer.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id=f"a{n}", backend="lmcache.remote") as op:
+            for i in range(3):
+                op.add_page(full_page(f"{n:060x}{i:04x}", i))
+            op.end(Outcome.HIT, tokens_stored=96)
+    for n in range(5):  # request a4 fetches keys nobody stored
+        with consumer.operation(
+            Op.FETCH, hook=Hook.LMCACHE_ENGINE, request_id=f"b{n}", tokens_requested=128, backend="lmcache.remote"
+        ) as op:
+            op.add_page(full_page(f"{n:060x}{0:04x}", 0, used=n != 1))
+            op.add_page(PageDescriptor(key=f"{n:060x}{1:04x}", token_start=32, transfer="raw_ptr", used=True))
+            # The third page as stored, but wrong in size (n = 2) or laid out otherwise (n = 3).
+            third = full_page(f"{n:060x}{2:04x}", 2, used=True)
+            if n == 2:
+                third = msgspec.structs.replace(third, bytes=1000)
+            if n == 3:
+                third = msgspec.structs.replace(third, layout="NB_2_BS_NH_HS", address=None)
+            op.add_page(third)
+            op.end(Outcome.PARTIAL, tokens_hit=64)
+        with consumer.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR, request_id=f"b{n}", tokens_requested=128) as op:
+            op.end(Outcome.MISS if n == 4 else Outcome.HIT, tokens_hit=0 if n == 4 else 96)
+    with consumer.operation(Op.EVICT, hook=Hook.LMCACHE_BACKEND, request_id="b0") as op:
+        op.end(Outcome.HIT)
+    producer.shutdown()
+    consumer.shutdown()
+
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DuckDBBackend, ClickHouseBackend]]:
+    directory = tmp_path_factory.mktemp("fleet")
+    write_fleet(directory)
+    duck = DuckDBBackend(open_store([str(directory)]))
+    clickhouse = ClickHouseBackend(ChdbConnection())
+    create_table(clickhouse)
+    assert load_files(clickhouse, [str(directory)]) == duck.query("SELECT count(*) FROM spans")[1][0][0]
+    yield duck, clickhouse
+    duck.close()
+    clickhouse.close()
+
+
+def answers(backend: Backend, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[Any]]:
+    """Columns and rows in an order and form both backends share."""
+    columns, rows = backend.query(sql, params)
+    keep = [i for i, name in enumerate(columns) if name not in NOT_IN_CLICKHOUSE]
+    normal = [tuple(_normal(row[i]) for i in keep) for row in rows]
+    return [columns[i] for i in keep], sorted(normal, key=repr)
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float | decimal.Decimal):
+        return round(float(value), 9)
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=None)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def named_queries() -> list[str]:
+    """Every top-level named query: those in subfolders need the set-up of their own module
+    (the audit rules are compared through the auditor), and `views.sql` defines the views
+    for the `duckdb` shell rather than querying them."""
+    names = (entry.name for entry in files("kvaudit.queries").iterdir() if entry.name.endswith(".sql"))
+    return sorted(name.removesuffix(".sql") for name in names if name != "views.sql")
+
+
+@pytest.mark.parametrize("view", sorted(view_columns()))
+def test_views_have_the_columns_of_the_duckdb_views(backends, view):
+    duck, clickhouse = backends
+    expected = duck.query(f"SELECT * FROM {view} LIMIT 0")[0]
+    assert clickhouse.query(f"SELECT * FROM {view} LIMIT 0")[0] == expected == view_columns()[view]
+
+
+@pytest.mark.parametrize("view", ["spans", "pages", "replicas"])
+def test_views_hold_the_same_rows(backends, view):
+    duck, clickhouse = backends
+    expected = answers(duck, f"SELECT * FROM {view}")
+    assert expected[1], "the fleet must fill every view"
+    assert answers(clickhouse, f"SELECT * FROM {view}") == expected
+
+
+@pytest.mark.parametrize("name", named_queries())
+def test_named_queries_agree(backends, name):
+    duck, clickhouse = backends
+    assert answers(clickhouse, load(name)) == answers(duck, load(name))
+
+
+# Constructs the named queries and audit rules rely on, each of which sqlglot alone
+# would translate wrongly or not at all (kvaudit.backends.translate).
+REPRESENTATIVE = {
+    "json_object": """
+        SELECT key, json_object('page', json_object('bytes', bytes, 'shape', shape, 'used', used),
+                                'mismatch', CASE WHEN used = false THEN json_object('used', used) END) AS j
+        FROM pages""",
+    "concat_ws_skips_nulls": """
+        SELECT key, concat_ws(', ', CASE WHEN model IS NULL THEN 'model' END,
+                                    CASE WHEN shape IS NULL THEN 'shape' END, 'end') AS missing
+        FROM pages""",
+    "variables": """
+        SELECT count(*) AS n FROM pages
+        WHERE time_ns > (SELECT min(time_ns) FROM pages) + coalesce(getvariable('kvaudit_after_ns'), 0)""",
+    "list_product_and_absent_arrays": """
+        SELECT key, list_product(shape) AS elements, shape IS NULL AS no_shape FROM pages""",
+    "product_aggregate": "SELECT key, product(token_end) AS p FROM pages GROUP BY key",
+    "cte_materialisation": """
+        WITH a AS NOT MATERIALIZED (SELECT key, bytes FROM pages), b AS MATERIALIZED (SELECT key FROM pages)
+        SELECT a.key, a.bytes FROM a JOIN b ON a.key = b.key""",
+    "portable_hash": "SELECT key, md5_number_upper(key) % 1000 AS bucket, md5_number_lower(key) AS low FROM pages",
+    "percentiles_and_aliases": """
+        SELECT op, sum(tokens_hit) AS tokens_hit, sum(tokens_hit) / nullif(count(*), 0) AS mean_hit,
+               percentile_cont(0.9) WITHIN GROUP (ORDER BY duration_ms) AS p90,
+               quantile_cont(duration_ms, 0.5) AS p50, median(duration_ms) AS p50_again,
+               to_timestamp(min(start_ns) / 1e9) AS first_start
+        FROM spans GROUP BY op""",
+    "window_functions": """
+        SELECT key, cume_dist() OVER (ORDER BY token_start, key) AS cd,
+               row_number() OVER (PARTITION BY op ORDER BY time_ns) AS nth FROM pages""",
+    "outer_join_nulls_and_stars": """
+        SELECT f.*, s.replica AS producer, s.shape AS s_shape
+        FROM pages f LEFT JOIN (SELECT * FROM pages WHERE op = 'store') s ON s.key = f.key
+        WHERE f.op = 'fetch'""",
+    "filter_and_empty_aggregates": """
+        SELECT count(*) FILTER (WHERE used) AS used, sum(bytes) FILTER (WHERE op = 'evict') AS none_evicted,
+               arg_min(replica, time_ns) AS first FROM pages""",
+    "group_by_all_and_distinct_arrays": "SELECT op, shape, count(DISTINCT key) AS keys FROM pages GROUP BY ALL",
+    "spans_time_and_status": """
+        SELECT op, outcome, status_code, duration_ms > 0 AS timed, end_time >= start_time AS ordered,
+               tokens_hit / nullif(tokens_requested, 0) AS rate FROM spans""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPRESENTATIVE))
+def test_representative_queries_agree(backends, name):
+    duck, clickhouse = backends
+    params = {"kvaudit_after_ns": 1000}
+    assert answers(clickhouse, REPRESENTATIVE[name], params) == answers(duck, REPRESENTATIVE[name], params)
+
+
+def test_audit_findings_agree(backends):
+    duck, clickhouse = backends
+    expected = [dataclasses.replace(f, file=None, line=None) for f in run_audit(duck)]
+    assert {f.code for f in expected} >= {"KVA001", "KVA002", "KVA003", "KVA004", "KVA005", "KVA006"}
+    assert run_audit(clickhouse) == expected
+
+
+@pytest.mark.parametrize("sample_rate", [1.0, 0.5])
+def test_capacity_curves_agree(backends, sample_rate):
+    duck, clickhouse = backends
+    expected = capacity_curve(duck, sample_rate=sample_rate)
+    curve = capacity_curve(clickhouse, sample_rate=sample_rate)
+    assert (curve.accesses, curve.sample_rate) == (expected.accesses, expected.sample_rate) and expected.accesses
+    assert curve.distances.tolist() == expected.distances.tolist()
+
+
+def test_temp_tables_are_visible_to_later_queries(backends):
+    import pyarrow as pa
+
+    sizes = pa.table({"dtype": ["bfloat16"], "bytes": [2]})
+    # `f.*` beside a joined table with a column of the same name (`bytes`), over a CTE.
+    sql = """
+        WITH f AS (SELECT key, bytes, dtype, shape FROM pages)
+        SELECT f.*, list_product(f.shape) * d.bytes AS size FROM f JOIN element_sizes d ON d.dtype = f.dtype"""
+    for backend in backends:
+        backend.temp_table("element_sizes", sizes)
+    duck, clickhouse = backends
+    assert answers(clickhouse, sql) == answers(duck, sql)
+
+
+def test_errors_are_one_line(backends, capsys):
+    _, clickhouse = backends
+    with pytest.raises(BackendError, match="nope"):
+        clickhouse.query("SELECT nope FROM pages")
+    with pytest.raises(ValueError, match="clickhouse://HOST"):
+        connect("postgres://localhost/db")
+    with pytest.raises(ValueError, match="not both"):
+        open_backend("clickhouse://localhost:8123/otel", ["traces/"])
+    for command in (["sql", "SELECT 1"], ["audit"], ["report"]):
+        assert main([*command, "--backend", "clickhouse://127.0.0.1:9/otel"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"kvaudit {command[0]}: error: 127.0.0.1:9: cannot connect to ClickHouse")
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (AnyValue(stringValue="bf16"), "bf16"),
+        (AnyValue(intValue="-42"), "-42"),
+        (AnyValue(intValue=7), "7"),
+        (AnyValue(boolValue=False), "false"),
+        (AnyValue(doubleValue=1.0), "1"),
+        (AnyValue(doubleValue=0.25), "0.25"),
+        (AnyValue(doubleValue=1e21), "1000000000000000000000"),
+        (AnyValue(arrayValue=ArrayValue([AnyValue(intValue="2"), AnyValue(intValue="64")])), "[2,64]"),
+        (AnyValue(), ""),
+    ],
+)
+def test_attribute_text_is_the_collectors(value, text):
+    """pdata's AsString, which the ClickHouse exporter stores and the views parse back."""
+    assert attribute_text(value) == text

@@ -1,0 +1,86 @@
+"""`kvaudit ingest --parquet`: the dataset read in place gives what the trace files give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvaudit.cli import main
+from kvaudit.contract import Hook, Op, Outcome
+from kvaudit.emission import setup_emitter
+from kvaudit.named_queries import load
+from kvaudit.store import TraceStore, open_store
+
+from .conftest import KV
+from .test_backends import named_queries, write_fleet
+
+VIEWS = ("spans", "pages", "replicas", "read_errors")
+
+
+def rows(store: TraceStore, sql: str) -> list[tuple]:
+    return sorted(store.query(sql)[1], key=repr)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> tuple[TraceStore, TraceStore, Path]:
+    traces, dataset = tmp_path / "traces", tmp_path / "dataset"
+    traces.mkdir()
+    write_fleet(traces)
+    (traces / "broken.jsonl").write_text("not json\n")
+    assert main(["ingest", str(traces), "--parquet", str(dataset), "-q"]) == 0
+    return open_store([str(traces)]), open_store([str(dataset)]), dataset
+
+
+def test_views_and_queries_read_the_same_as_the_json_files(fleet):
+    from_json, from_parquet, _ = fleet
+    for view in VIEWS:
+        assert (
+            from_parquet.query(f"SELECT * FROM {view} LIMIT 0")[0]
+            == from_json.query(f"SELECT * FROM {view} LIMIT 0")[0]
+        )
+        assert rows(from_parquet, f"SELECT * FROM {view}") == rows(from_json, f"SELECT * FROM {view}"), view
+    for name in named_queries():
+        assert from_parquet.query(load(name)) == from_json.query(load(name)), name
+
+
+def test_partitioned_by_day_and_replica_and_sorted_by_key(fleet):
+    _, from_parquet, dataset = fleet
+    [(day,)] = from_parquet.query("SELECT DISTINCT strftime(time, '%Y-%m-%d') FROM pages")[1]
+    folders = sorted(p.relative_to(dataset / "pages").as_posix() for p in (dataset / "pages").glob("*/*"))
+    assert folders == [f"day={day}/replica=r1", f"day={day}/replica=r2"]
+    for file in (dataset / "pages").rglob("*.parquet"):
+        keys = pq.read_table(file, columns=["key"]).column("key").to_pylist()
+        assert keys == sorted(keys)
+
+
+def test_ingest_appends_and_reads_empty_tables(tmp_path: Path):
+    emitter = setup_emitter("r1", f"file:{tmp_path}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
+    with emitter.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR, request_id="q", tokens_requested=32) as op:
+        op.end(Outcome.MISS, tokens_hit=0)
+    emitter.shutdown()
+    dataset = tmp_path / "dataset"
+    for _ in range(2):
+        assert main(["ingest", str(tmp_path / "r1.jsonl"), "--parquet", str(dataset), "-q"]) == 0
+    store = open_store([str(dataset)])
+    assert store.query("SELECT count(*) FROM spans")[1] == [(2,)]
+    assert store.query("SELECT count(*) FROM pages")[1] == [(0,)]
+    assert store.query("SELECT count(*) FROM replicas")[1] == [(1,)]
+
+
+def test_ingest_needs_one_target(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit):
+        main(["ingest", str(tmp_path), "-o", "x.duckdb", "--parquet", "dir"])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_a_column_the_files_lack_reads_as_null(fleet):
+    """A dataset written before a column existed still opens; the column is NULL."""
+    from_json, _, dataset = fleet
+    for file in (dataset / "spans").rglob("*.parquet"):
+        pq.write_table(pq.read_table(file).drop_columns(["tokens_hit"]), file)
+    store = open_store([str(dataset)])
+    assert store.query("SELECT count(*), count(tokens_hit) FROM spans")[1] == [
+        (from_json.query("SELECT count(*) FROM spans")[1][0][0], 0)
+    ]
