@@ -26,6 +26,8 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.demo",
     "kvaudit.commands.simulate",
     "kvaudit.commands.tui",
+    "kvaudit.commands.alerts",
+    "kvaudit.commands.exporter",
 )
 
 
