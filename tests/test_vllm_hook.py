@@ -39,6 +39,8 @@ import pytest
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor, Res
 from kvaudit.store import TraceStore, open_store
 
+from .tiny_model import tiny_llama
+
 pytestmark = [
     pytest.mark.skipif(
         find_spec("vllm") is None, reason="vllm is not installed (make test installs it: scripts/install-vllm.sh)"
@@ -49,25 +51,7 @@ pytestmark = [
 ]
 
 REPLICA_SCRIPT = Path(__file__).parent / "vllm" / "replica.py"
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "hidden_act": "silu",
-    "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 10000.0,
-    "vocab_size": 1024,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+MODEL_CONFIG = tiny_llama("bfloat16")
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(400)]
 BLOCK = 32
 CACHED = (len(PROMPT) - 1) // BLOCK * BLOCK  # ExampleConnector stores whole blocks, short of the last token
