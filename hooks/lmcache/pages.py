@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from kvaudit.contract import PageDescriptor
+from kvaudit.contract import PageDescriptor, Tier
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 TRANSFER: Final = "copy"
 
 _TIER_OF_BACKEND: Final = {
-    "LocalCPUBackend": "cpu",
-    "LocalDiskBackend": "disk",
-    "RemoteBackend": "remote",
-    "P2PBackend": "remote",
+    "LocalCPUBackend": Tier.CPU.value,
+    "LocalDiskBackend": Tier.DISK.value,
+    "RemoteBackend": Tier.REMOTE.value,
+    "P2PBackend": Tier.REMOTE.value,
 }
 _SHORT_NAME: Final = {
     "LocalCPUBackend": "local_cpu",

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from kvaudit.contract import PageDescriptor
+from kvaudit.contract import PageDescriptor, Tier
 from kvaudit.hooks.vllm.geometry import EngineGeometry
 from kvaudit.hooks.vllm.plans import RequestPlan
 
@@ -36,7 +36,6 @@ EXAMPLE_LAYOUT: Final = "NT_NH_2HS"
 CPU_PAGED_LAYOUT: Final = "NB_NH_BS_2HS"
 TRANSFER_COPY: Final = "copy"
 TRANSFER_RAW_PTR: Final = "raw_ptr"
-TIER_DISK: Final = "disk"
 
 _SAFETENSORS_DTYPES: Final = {
     "BF16": "bfloat16",
@@ -111,7 +110,7 @@ def store_fields(geometry: EngineGeometry, shape: tuple[int, ...], layout: str, 
         "kv_heads": geometry.kv_heads,
         "head_size": geometry.head_size,
         "transfer": transfer,
-        "tier": TIER_DISK,
+        "tier": Tier.DISK.value,
     }
 
 
@@ -203,7 +202,7 @@ class ExampleFormat:
         token_bytes = sum((t["data_offsets"][1] - t["data_offsets"][0]) // max(t["shape"][0], 1) for t in tensors)
         block_size = self._geometry.block_size
         for page in pages:
-            page.tier = TIER_DISK
+            page.tier = Tier.DISK.value
             page.transfer = TRANSFER_COPY
             assert page.token_end is not None
             if page.token_end > tokens:
@@ -240,7 +239,7 @@ class RawPointerFormat(ExampleFormat):
         sizes = [_size(path) for path in files]
         total = sum(sizes) if files and None not in sizes else None
         for page in pages:
-            page.tier = TIER_DISK
+            page.tier = Tier.DISK.value
             page.transfer = TRANSFER_RAW_PTR
             if total is not None and pages:
                 page.bytes = total // len(pages)
