@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor, Res
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier
 from kvaudit.store import TraceStore, open_store
 
 from .tiny_model import tiny_llama
@@ -155,13 +155,18 @@ class Fleet:
         return self.replicas[name]
 
 
-@contextmanager
-def _collector(out: Path) -> Iterator[str]:
-    """`kvaudit collect` on a free port, receiving vLLM's own request spans; yields its URL."""
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [str(Path(sys.executable).with_name("kvaudit")), "collect", "--out", str(out), f"127.0.0.1:{port}"]
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def _collector(out: Path, *options: str) -> Iterator[str]:
+    """`kvaudit collect` on a free port (receiving vLLM's own request spans); yields its URL."""
+    port = _free_port()
+    command = [str(Path(sys.executable).with_name("kvaudit")), "collect", "--out", str(out), *options]
+    command.append(f"127.0.0.1:{port}")
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
@@ -189,7 +194,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     pending = _replicas(base)
     done: dict[str, Replica] = {}
     running: dict[str, Future[Replica]] = {}
-    with _collector(base / "vllm_traces") as url, ThreadPoolExecutor(MAX_PARALLEL) as pool:
+    # r1 also publishes vLLM's own KV events, which a second `kvaudit collect` turns into
+    # GPU-tier stores: their keys must be the ones the connector hook reports.
+    events_port = _free_port()
+    producer = next(r for r in pending if r.name == "r1")
+    producer.spec["kv_events_endpoint"] = f"tcp://*:{events_port}"
+    producer.env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}  # full hashes, not their low 64 bits
+    events = _collector(base / "kv_events", "--kv-events", f"tcp://127.0.0.1:{events_port}", "--replica", "r1")
+    with _collector(base / "vllm_traces") as url, events, ThreadPoolExecutor(MAX_PARALLEL) as pool:
         # r2 also sends vLLM's own `llm_request` spans, to relate them to kvaudit's.
         traced = next(r for r in pending if r.name == "r2")
         traced.spec["otlp_traces_endpoint"] = url
@@ -260,6 +272,18 @@ def test_cross_replica_reuse_is_traced(fleet: Fleet, store: TraceStore) -> None:
     )
     assert len(rows) == PAGES
     assert {(consumer, producer) for consumer, producer, _ in rows} == {("r2", "r1")}
+
+
+def test_kv_events_carry_the_block_hashes_the_hook_reports(fleet: Fleet, store: TraceStore) -> None:
+    hook_keys = {row["key"] for row in _pages(store, "r1", "store")}
+    events = open_store([str(fleet.base / "kv_events")])
+    _, rows = events.query(
+        "SELECT key, tier, hook FROM pages WHERE replica = 'r1' AND op = 'store' AND hook = $hook",
+        {"hook": Hook.VLLM_KV_EVENTS.value},
+    )
+    events.close()
+    assert hook_keys and {tier for _, tier, _ in rows} == {Tier.GPU.value}
+    assert hook_keys <= {key for key, _, _ in rows}
 
 
 def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:

@@ -2,7 +2,8 @@
 
 SPEC_JSON: {"model": DIR, "dtype": "bfloat16", "prompts": [[token ids], ...],
 "cache_salt": null, "max_tokens": 16, "kv_transfer": {KVTransferConfig fields} or null,
-"otlp_traces_endpoint": URL or null (vLLM's own request spans)}. Prints one line
+"otlp_traces_endpoint": URL or null (vLLM's own request spans), "kv_events_endpoint":
+ZMQ endpoint to publish vLLM's KV events on, or null}. Prints one line
 `RESULT [{"tokens": [...], "cached": N, "finish": "length"}, ...]`, one entry per prompt.
 A separate process because vLLM spawns its EngineCore and Worker processes from it,
 and because each replica must be a fresh engine, as in a fleet.
@@ -19,11 +20,12 @@ EXPORT_WAIT_S = 2.0  # kvaudit.emission's export delay is 1 s
 
 def main(spec: dict) -> None:
     from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
+    from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.inputs import TokensPrompt
 
     transfer = spec.get("kv_transfer")
     tracing = spec.get("otlp_traces_endpoint")
+    events = spec.get("kv_events_endpoint")
     llm = LLM(
         model=spec["model"],
         load_format="dummy",
@@ -35,6 +37,9 @@ def main(spec: dict) -> None:
         seed=0,
         kv_transfer_config=KVTransferConfig(**transfer) if transfer else None,
         otlp_traces_endpoint=tracing,
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=events)
+        if events
+        else None,
         # vLLM's offline LLM needs stats for its request spans (else an assertion fails).
         disable_log_stats=not tracing,
     )
