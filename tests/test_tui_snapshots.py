@@ -79,6 +79,9 @@ def loaded(findings: int, then: Callable[[Pilot], Awaitable[None]] | None = None
         app = pilot.app
         assert isinstance(app, KvauditApp)
         await until(lambda: app.main.figures is not None and app.query_one(FindingsTable).row_count == findings)
+        # Rows arrive before a table re-measures its columns: let the layout settle first.
+        await pilot.pause()
+        await pilot.pause()
         if then is not None:
             await then(pilot)
 
