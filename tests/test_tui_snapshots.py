@@ -74,16 +74,21 @@ def snapshot_app(trace_dir: Path, auditor: ScriptedAuditor | None, alerts: bool 
     return KvauditApp(source, watching="traces/", interval_s=0.2)
 
 
+async def settle(pilot: Pilot) -> None:
+    """Rows arrive before a table re-measures its columns: let the layout settle before a shot."""
+    for _ in range(3):
+        await pilot.pause()
+
+
 def loaded(findings: int, then: Callable[[Pilot], Awaitable[None]] | None = None) -> Callable[[Pilot], Awaitable[None]]:
     async def run_before(pilot: Pilot) -> None:
         app = pilot.app
         assert isinstance(app, KvauditApp)
         await until(lambda: app.main.figures is not None and app.query_one(FindingsTable).row_count == findings)
-        # Rows arrive before a table re-measures its columns: let the layout settle first.
-        await pilot.pause()
-        await pilot.pause()
+        await settle(pilot)
         if then is not None:
             await then(pilot)
+            await settle(pilot)
 
     return run_before
 
