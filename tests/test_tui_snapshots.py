@@ -80,6 +80,15 @@ async def settle(pilot: Pilot) -> None:
         await pilot.pause()
 
 
+def pressing(*keys: str) -> Callable[[Pilot], Awaitable[None]]:
+    """Press `keys` inside `run_before`, so that the layout settles before the shot."""
+
+    async def press(pilot: Pilot) -> None:
+        await pilot.press(*keys)
+
+    return press
+
+
 def loaded(findings: int, then: Callable[[Pilot], Awaitable[None]] | None = None) -> Callable[[Pilot], Awaitable[None]]:
     async def run_before(pilot: Pilot) -> None:
         app = pilot.app
@@ -101,7 +110,7 @@ def test_main_screen(snap_compare, fleet: Fleet, trace_dir: Path):
 def test_main_screen_without_auditor(snap_compare, fleet: Fleet, trace_dir: Path):
     busy_fleet(fleet)
     app = snapshot_app(trace_dir, None)
-    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(0), press=["4"])
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(0, pressing("4")))
 
 
 def drill_into(*keys: str) -> Callable[[Pilot], Awaitable[None]]:
@@ -137,4 +146,4 @@ def test_filtered_and_paused(snap_compare, fleet: Fleet, trace_dir: Path):
 
 def test_help_screen(snap_compare, fleet: Fleet, trace_dir: Path):
     app = snapshot_app(trace_dir, busy_fleet(fleet))
-    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2), press=["question_mark"])
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, pressing("question_mark")))
