@@ -8,7 +8,13 @@ holds millions of them and the garbage collector would otherwise rescan them all
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import msgspec
+
+# What a span's `events` decode as: the events themselves, or (for the reader's first
+# pass, which leaves page events to kvaudit.page_scan) their raw JSON, skipped unparsed.
+EventsT = TypeVar("EventsT")
 
 
 class _Struct(msgspec.Struct, omit_defaults=True, gc=False):
@@ -70,7 +76,7 @@ class Status(_Struct):
     code: int | str = 0
 
 
-class Span(_Struct):
+class Span(_Struct, Generic[EventsT]):
     traceId: str = ""
     spanId: str = ""
     traceState: str = ""
@@ -82,28 +88,29 @@ class Span(_Struct):
     endTimeUnixNano: int | str = 0
     attributes: list[KeyValue] = []
     droppedAttributesCount: int = 0
-    events: list[Event] = []
+    events: EventsT = []  # type: ignore[assignment]
     droppedEventsCount: int = 0
     links: list[Link] = []
     droppedLinksCount: int = 0
     status: Status | None = None
 
 
-class ScopeSpans(_Struct):
+class ScopeSpans(_Struct, Generic[EventsT]):
     scope: Scope | None = None
-    spans: list[Span] = []
+    spans: list[Span[EventsT]] = []
     schemaUrl: str = ""
 
 
-class ResourceSpans(_Struct):
+class ResourceSpans(_Struct, Generic[EventsT]):
     resource: Resource | None = None
-    scopeSpans: list[ScopeSpans] = []
+    scopeSpans: list[ScopeSpans[EventsT]] = []
     schemaUrl: str = ""
 
 
-class TracesData(_Struct):
-    resourceSpans: list[ResourceSpans] = []
+class TracesData(_Struct, Generic[EventsT]):
+    resourceSpans: list[ResourceSpans[EventsT]] = []
 
 
 ENCODER = msgspec.json.Encoder()
-DECODER = msgspec.json.Decoder(TracesData)
+DECODER = msgspec.json.Decoder(TracesData[list[Event]])
+HEAD_DECODER = msgspec.json.Decoder(TracesData[msgspec.Raw])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import decimal
+import functools
 import gc
 import hashlib
 import itertools
@@ -22,15 +23,19 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvaudit import page_scan
 from kvaudit.contract import EVENT_PAGE, SCHEMA_VERSION, PageAttr, Res, SpanAttr, TelemetryAttr
-from kvaudit.otlp_schema import DECODER, AnyValue, ArrayValue, KeyValue, TracesData
+from kvaudit.otlp_schema import DECODER, HEAD_DECODER, AnyValue, ArrayValue, KeyValue, Span, TracesData
+from kvaudit.page_scan import PageColumns, PageScanner
 
 # Column kinds: how an OTLP AnyValue becomes a column value.
 _STR, _INT, _BOOL, _INTS = "str", "int", "bool", "ints"
 _ARROW_TYPE: Final = {_STR: pa.string(), _INT: pa.int64(), _BOOL: pa.bool_(), _INTS: pa.list_(pa.int64())}
+_SCAN_KIND: Final = {_STR: page_scan.STR, _INT: page_scan.INT, _BOOL: page_scan.BOOL, _INTS: page_scan.INTS}
 
 RESOURCE_COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "replica": (Res.REPLICA, _STR),
@@ -164,21 +169,11 @@ class Tables:
 
 @dataclass
 class _Columns:
-    """Rows being collected for one byte range of one file."""
+    """What one byte range of one file yields besides its spans and pages."""
 
     file: str
     resources: dict[int, list[Any]] = field(default_factory=dict)
-    spans: list[list[Any]] = field(default_factory=list)
-    pages: list[list[Any]] = field(default_factory=list)
     errors: list[tuple[str, int, str]] = field(default_factory=list)
-
-    def tables(self) -> Tables:
-        return Tables(
-            _table(RESOURCES_SCHEMA, [[rid, *row] for rid, row in self.resources.items()]),
-            _table(SPANS_SCHEMA, self.spans),
-            _table(PAGES_SCHEMA, self.pages),
-            _table(ERRORS_SCHEMA, self.errors),
-        )
 
 
 def _table(schema: pa.Schema, rows: Sequence[Sequence[Any]]) -> pa.Table:
@@ -304,9 +299,8 @@ def _resource_id(attributes: list[KeyValue]) -> int:
 _SPAN_SLOTS: Final = _slots(SPAN_ATTR_COLUMNS)
 _PAGE_SLOTS: Final = _slots(PAGE_ATTR_COLUMNS)
 _RESOURCE_SLOTS: Final = _slots(RESOURCE_COLUMNS)
-_SPAN_SLOTS_ON_PAGES: Final = [
-    list(SPAN_ATTR_COLUMNS).index(name) for name in ("op", "hook", "backend", "request_id", "outcome")
-]
+# Where each page column that comes from its span lies in a span row.
+_PAGE_COLUMNS_FROM_SPAN: Final = [SPANS_SCHEMA.get_field_index(name) for name, _ in _PAGE_HEAD[:-1]]
 _SCHEMA_SLOT: Final = list(RESOURCE_COLUMNS).index("schema")
 _REPLICA_SLOT: Final = list(RESOURCE_COLUMNS).index("replica")
 
@@ -315,60 +309,80 @@ class UnreadableLineError(ValueError):
     """A line that is not OTLP JSON trace data kvaudit can read."""
 
 
-def _decode_line(columns: _Columns, line_no: int, raw: bytes) -> None:
+@dataclass
+class _Line:
+    """One decoded line: its place in the buffer, its span rows and (when the page scanner
+    gave up on it) its page rows from the general decoder."""
+
+    number: int
+    start: int
+    end: int
+    spans: list[list[Any]]
+    pages: list[list[Any]] | None = None
+
+
+def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesData:
     try:
-        data: TracesData = DECODER.decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise UnreadableLineError(f"not OTLP trace data: {exc}") from None
     except msgspec.DecodeError as exc:
         raise UnreadableLineError(f"invalid JSON: {exc}") from None
+
+
+def _spans(columns: _Columns, line_no: int, data: TracesData) -> Iterator[tuple[list[Any], Span]]:
+    """Each span of a decoded line as its row of the `spans` table, in document order."""
     n_resource = len(RESOURCE_COLUMNS)
     n_span = len(SPAN_ATTR_COLUMNS)
-    n_page = len(PAGE_ATTR_COLUMNS)
     file = columns.file
     for resource_spans in data.resourceSpans:
         res_attrs = resource_spans.resource.attributes if resource_spans.resource else []
         rid = _resource_id(res_attrs)
         resource = columns.resources.get(rid)
         if resource is None:
-            resource = columns.resources[rid] = _fill(res_attrs, _RESOURCE_SLOTS, n_resource)
+            resource = _fill(res_attrs, _RESOURCE_SLOTS, n_resource)
             schema = resource[_SCHEMA_SLOT]
             if schema is not None and str(schema) != str(SCHEMA_VERSION):
                 raise UnreadableLineError(
                     f"unknown kvaudit schema version {schema} (this kvaudit reads {SCHEMA_VERSION})"
                 )
+            columns.resources[rid] = resource
         replica = resource[_REPLICA_SLOT]
         for scope_spans in resource_spans.scopeSpans:
             for span in scope_spans.spans:
-                trace_id = hex_id(span.traceId, 16)
-                span_id = hex_id(span.spanId, 8)
                 extra: dict[str, str] = {}
                 attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, extra)
-                columns.spans.append(
-                    [
-                        file,
-                        line_no,
-                        rid,
-                        replica,
-                        trace_id,
-                        span_id,
-                        hex_id(span.parentSpanId, 8) or None,
-                        span.name,
-                        int(span.startTimeUnixNano),
-                        int(span.endTimeUnixNano),
-                        int(span.status.code) if span.status is not None else 0,
-                        span.droppedAttributesCount,
-                        span.droppedEventsCount,
-                        *attrs,
-                        list(extra.items()) if extra else None,
-                    ]
-                )
-                if not span.events:
-                    continue
-                head = [file, line_no, rid, replica, trace_id, span_id] + [attrs[i] for i in _SPAN_SLOTS_ON_PAGES]
-                for event in span.events:
-                    if event.name == EVENT_PAGE:
-                        columns.pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, n_page)])
+                row = [
+                    file,
+                    line_no,
+                    rid,
+                    replica,
+                    hex_id(span.traceId, 16),
+                    hex_id(span.spanId, 8),
+                    hex_id(span.parentSpanId, 8) or None,
+                    span.name,
+                    int(span.startTimeUnixNano),
+                    int(span.endTimeUnixNano),
+                    int(span.status.code) if span.status is not None else 0,
+                    span.droppedAttributesCount,
+                    span.droppedEventsCount,
+                    *attrs,
+                    list(extra.items()) if extra else None,
+                ]
+                yield row, span
+
+
+def _general_pages(columns: _Columns, line: _Line, raw: bytes | memoryview) -> list[list[Any]]:
+    """Page rows of a line the scanner gave up on, from msgspec's full decode."""
+    n_page = len(PAGE_ATTR_COLUMNS)
+    pages: list[list[Any]] = []
+    data = _decode(DECODER, raw)
+    for span_row, span in zip(line.spans, (span for _, span in _spans(columns, line.number, data))):
+        head = [span_row[i] for i in _PAGE_COLUMNS_FROM_SPAN]
+        for event in span.events:
+            if event.name == EVENT_PAGE:
+                pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, n_page)])
+    return pages
 
 
 def read_range(path: str, start: int, end: int, final: bool) -> tuple[Tables, int, int]:
@@ -378,6 +392,10 @@ def read_range(path: str, start: int, end: int, final: bool) -> tuple[Tables, in
     is set and `end` is the end of the file: then an unterminated last line is read
     too (and reported as truncated if it does not decode).
 
+    Spans are decoded by msgspec with their events left as raw JSON; page events are
+    scanned into columns by kvaudit.page_scan, and lines it gives up on get msgspec's
+    full decode.
+
     Returns:
         The tables, the offset just past the last line consumed, the lines consumed.
     """
@@ -385,44 +403,80 @@ def read_range(path: str, start: int, end: int, final: bool) -> tuple[Tables, in
         f.seek(start)
         data = f.read(end - start)
     stop = data.rfind(b"\n") + 1
+    bounds = list(_line_bounds(data, stop))
+    truncated = final and stop < len(data)
+    if truncated:
+        bounds.append((stop, len(data)))
     columns = _Columns(path)
-    line_no = 0
-    # Decoding allocates millions of acyclic objects; collection passes would only rescan them.
+    view = memoryview(data)
+    lines: list[_Line] = []
+    # Decoding allocates many acyclic objects; collection passes would only rescan them.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for line_no, raw in enumerate(_lines(data, stop), start=1):
-            _read_line(columns, line_no, raw)
-        if final and stop < len(data):
-            line_no += 1
+        for number, (first, last) in enumerate(bounds, start=1):
+            if not data[first:last].strip():
+                continue
             try:
-                _decode_line(columns, line_no, data[stop:])
-            except UnreadableLineError:
-                columns.errors.append((path, line_no, "truncated last line (writer stopped mid-line?)"))
-            stop = len(data)
-        return columns.tables(), start + stop, line_no
+                decoded = _decode(HEAD_DECODER, view[first:last])
+                lines.append(_Line(number, first, last, [row for row, _ in _spans(columns, number, decoded)]))
+            except UnreadableLineError as exc:
+                cut = truncated and last == len(data)
+                columns.errors.append(
+                    (path, number, "truncated last line (writer stopped mid-line?)" if cut else str(exc))
+                )
+            except (ValueError, TypeError, AttributeError) as exc:
+                columns.errors.append((path, number, f"bad value: {exc}"))
+        scanned = page_scanner().scan(
+            data, [line.start for line in lines], [line.end for line in lines], [len(line.spans) for line in lines]
+        )
+        for line, general in zip(lines, scanned.fallback):
+            if general:
+                try:
+                    line.pages = _general_pages(columns, line, view[line.start : line.end])
+                except UnreadableLineError as exc:
+                    columns.errors.append((path, line.number, str(exc)))
+                    line.spans = []
+                except (ValueError, TypeError, AttributeError) as exc:
+                    columns.errors.append((path, line.number, f"bad value: {exc}"))
+                    line.spans = []
+        return _tables(columns, lines, scanned), start + (len(data) if truncated else stop), len(bounds)
     finally:
         if collecting:
             gc.enable()
 
 
-def _read_line(columns: _Columns, line_no: int, raw: bytes) -> None:
-    if not raw.strip():
-        return
-    try:
-        _decode_line(columns, line_no, raw)
-    except UnreadableLineError as exc:
-        columns.errors.append((columns.file, line_no, str(exc)))
-    except (ValueError, TypeError, AttributeError) as exc:
-        columns.errors.append((columns.file, line_no, f"bad value: {exc}"))
+def _tables(columns: _Columns, lines: list[_Line], scanned: PageColumns) -> Tables:
+    """The range's tables: scanned page rows get their span's columns by (line, span)."""
+    span_base = np.cumsum([0, *(len(line.spans) for line in lines)])
+    spans = _table(SPANS_SCHEMA, [row for line in lines for row in line.spans])
+    heads = spans.select(_PAGE_COLUMNS_FROM_SPAN).take(span_base[scanned.line] + scanned.span)
+    pages = pa.Table.from_arrays([*heads.columns, pa.array(scanned.time_ns), *scanned.columns], schema=PAGES_SCHEMA)
+    general = [row for line in lines if line.pages for row in line.pages]
+    if general:
+        # Keep file order: general rows belong between scanned ones.
+        pages = pa.concat_tables([pages, _table(PAGES_SCHEMA, general)])
+        pages = pages.take(pc.sort_indices(pages, [("line", "ascending")]))
+    return Tables(
+        _table(RESOURCES_SCHEMA, [[rid, *row] for rid, row in columns.resources.items()]),
+        spans,
+        pages,
+        _table(ERRORS_SCHEMA, columns.errors),
+    )
 
 
-def _lines(data: bytes, stop: int) -> Iterator[bytes]:
+def _line_bounds(data: bytes, stop: int) -> Iterator[tuple[int, int]]:
     pos = 0
     while pos < stop:
         nl = data.index(b"\n", pos)
-        yield data[pos:nl]
+        yield pos, nl
         pos = nl + 1
+
+
+@functools.cache
+def page_scanner() -> PageScanner:
+    """The page event scanner for the `pages` columns (compiled on first use, then cached on disk)."""
+    return PageScanner([(attr, _SCAN_KIND[kind]) for attr, kind in PAGE_ATTR_COLUMNS.values()])
 
 
 # --- planning reads over files ------------------------------------------------------
@@ -486,6 +540,7 @@ def read_files(
     if workers <= 1:
         results = map(lambda task: read_range(*task, final), tasks)
     else:
+        page_scanner().compile()
         pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
         results = pool.map(read_range, *zip(*tasks), [final] * len(tasks))
     parts: list[Tables] = []

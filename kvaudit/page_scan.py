@@ -1,0 +1,853 @@
+"""The reader's fast path: page descriptor events scanned straight from OTLP JSON bytes.
+
+Page events are nearly all of a trace file's bytes (about 1.4 KB each, ~20 attributes
+as `{"key": ..., "value": {...}}` objects), and decoding them into Python objects cost
+more than everything else the reader does. So a compiled scanner (numba) walks each
+line's `resourceSpans[].scopeSpans[].spans[].events[]` and writes page attributes into
+preallocated arrays, with no Python object per page.
+
+It is deliberately narrow: it reads what JSON writers actually write and gives up on a
+line at anything else (an escape or non-ASCII byte in a string it must read, a nested
+array or map value, a repeated field, a type msgspec would reject, a number that is not
+a plain integer). The reader decodes such a line the general way, so both paths give
+the same rows and the same errors (tests/test_page_scan.py holds them equal). It only
+runs on lines msgspec has already parsed, so the JSON syntax is known to be valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numba
+import numpy as np
+import pyarrow as pa
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from kvaudit.contract import EVENT_PAGE
+
+# Column kinds as the scanner numbers them: the order of `Kind` in kvaudit.reader.
+STR, INT, BOOL, INTS = 0, 1, 2, 3
+
+_FAIL: Final = -1  # a position that says: this line needs the general decoder
+_GENERAL: Final = -2  # not in the compact form: read it the general way
+_PAD: Final = 64  # zero bytes after the buffer, so a look past a line's end stays in memory
+
+
+def _ascii(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), dtype=np.uint8).copy()
+
+
+_RESOURCE_SPANS, _SCOPE_SPANS, _SPANS, _EVENTS = map(_ascii, ("resourceSpans", "scopeSpans", "spans", "events"))
+_TIME, _NAME, _ATTRIBUTES, _DROPPED = map(_ascii, ("timeUnixNano", "name", "attributes", "droppedAttributesCount"))
+_KEY, _VALUE, _VALUES = map(_ascii, ("key", "value", "values"))
+# AnyValue's fields, numbered by their index in this tuple.
+_STRING_VALUE, _INT_VALUE, _BOOL_VALUE, _DOUBLE_VALUE, _BYTES_VALUE, _ARRAY_VALUE, _KVLIST_VALUE = map(
+    _ascii, ("stringValue", "intValue", "boolValue", "doubleValue", "bytesValue", "arrayValue", "kvlistValue")
+)
+_NULL, _TRUE, _FALSE = map(_ascii, ("null", "true", "false"))
+# The compact form every writer we know uses (the OpenTelemetry Collector, the SDK's
+# encoders, kvaudit): read with a few fixed comparisons instead of the general walk.
+_KEY_OPEN, _VALUE_OPEN = map(_ascii, ('{"key":"', '","value":{"'))
+_COMPACT_STRING, _COMPACT_INT, _COMPACT_BOOL = map(_ascii, ('stringValue":', 'intValue":', 'boolValue":'))
+_COMPACT_ARRAY = _ascii('arrayValue":{')
+_PAGE_EVENT: Final = _ascii(EVENT_PAGE)
+
+
+@intrinsic
+def _unmanaged(typingctx: object, array: types.Array) -> tuple:  # pragma: no cover - compiled
+    """The same array without its reference count: the scanner passes a handful of arrays
+    through millions of calls, and counting each pass cost about half its time. Only
+    for arrays that a caller up the stack keeps alive."""
+
+    def codegen(context, builder, signature, args):  # numba's codegen protocol
+        view = context.make_array(signature.args[0])(context, builder, value=args[0])
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
+
+    return array(array), codegen
+
+
+# --- JSON primitives ------------------------------------------------------------------
+# Each takes the buffer, a position and the end of the line, and returns the position
+# after what it read (or _FAIL).
+
+
+@numba.njit(cache=True, nogil=True)
+def _ws(buf: np.ndarray, i: int) -> int:  # pragma: no cover - compiled
+    while buf[i] == 32 or buf[i] == 10 or buf[i] == 13 or buf[i] == 9:
+        i += 1
+    return i
+
+
+@numba.njit(cache=True, nogil=True)
+def _string(buf: np.ndarray, i: int, end: int) -> tuple[int, bool]:  # pragma: no cover - compiled
+    """Past the string whose quote is at buf[i]; and whether it is ASCII without escapes."""
+    i += 1
+    plain = True
+    while i < end:
+        c = buf[i]
+        if c == 34:
+            return i + 1, plain
+        if c == 92:
+            plain = False
+            i += 1
+        elif c >= 128:
+            plain = False
+        i += 1
+    return _FAIL, False
+
+
+@numba.njit(cache=True, nogil=True)
+def _skip(buf: np.ndarray, i: int, end: int) -> int:  # pragma: no cover - compiled
+    """Past any JSON value."""
+    c = buf[i]
+    if c == 34:
+        return _string(buf, i, end)[0]
+    if c == 123 or c == 91:
+        depth = 0
+        while i < end:
+            c = buf[i]
+            if c == 34:
+                i = _string(buf, i, end)[0]
+                if i < 0:
+                    return _FAIL
+                continue
+            if c == 123 or c == 91:
+                depth += 1
+            elif c == 125 or c == 93:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return _FAIL
+    while i < end:
+        c = buf[i]
+        if c == 44 or c == 125 or c == 93 or c == 32 or c == 10 or c == 13 or c == 9:
+            return i
+        i += 1
+    return i
+
+
+@numba.njit(cache=True, nogil=True)
+def _is(buf: np.ndarray, start: int, stop: int, text: np.ndarray) -> bool:  # pragma: no cover - compiled
+    return stop - start == len(text) and _at(buf, start, text)
+
+
+@numba.njit(cache=True, nogil=True)
+def _at(buf: np.ndarray, i: int, text: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """Whether `text` starts at buf[i] (the padding keeps a look past the end in memory)."""
+    for k in range(len(text)):  # noqa: SIM110 - numba compiles loops, not generators
+        if buf[i + k] != text[k]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _member(buf: np.ndarray, i: int, end: int) -> tuple[int, int, int]:  # pragma: no cover - compiled
+    """An object member's key at buf[i]: (key start, key stop, position of its value)."""
+    if buf[i] != 34:
+        return 0, 0, _FAIL
+    stop, plain = _string(buf, i, end)
+    if stop < 0 or not plain:
+        return 0, 0, _FAIL
+    colon = _ws(buf, stop)
+    return i + 1, stop - 1, _ws(buf, colon + 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _next(buf: np.ndarray, i: int) -> int:  # pragma: no cover - compiled
+    """Past a member or item just read and its comma: at the next one or the closing bracket."""
+    if i < 0:
+        return _FAIL
+    i = _ws(buf, i)
+    if buf[i] == 44:
+        i = _ws(buf, i + 1)
+    return i
+
+
+@numba.njit(cache=True, nogil=True)
+def _open(buf: np.ndarray, i: int, bracket: int) -> int:  # pragma: no cover - compiled
+    """Inside the object or array (`bracket`) that must start at buf[i]."""
+    if i < 0 or buf[i] != bracket:
+        return _FAIL
+    return _ws(buf, i + 1)
+
+
+_INT64_MAX: Final = np.uint64(2**63 - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _integer(buf: np.ndarray, start: int, stop: int) -> tuple[bool, int]:  # pragma: no cover - compiled
+    """A decimal int64 in buf[start:stop] (19 digits fit a uint64, so the range check is exact)."""
+    negative = start < stop and buf[start] == 45
+    if negative:
+        start += 1
+    if stop <= start or stop - start > 19:
+        return False, 0
+    value = np.uint64(0)
+    for k in range(start, stop):
+        digit = buf[k] - np.uint8(48)
+        if digit > 9:
+            return False, 0
+        value = value * np.uint64(10) + np.uint64(digit)
+    if value > _INT64_MAX + np.uint64(negative):
+        return False, 0
+    return True, -np.int64(value - np.uint64(1)) - 1 if negative else np.int64(value)
+
+
+@numba.njit(cache=True, nogil=True)
+def _int64(buf: np.ndarray, i: int, end: int) -> tuple[int, bool, int]:  # pragma: no cover - compiled
+    """An OTLP int64 at buf[i] (digits as a string or a number, or null): (end, present, value)."""
+    if buf[i] == 34:
+        stop, plain = _string(buf, i, end)
+        if stop < 0 or not plain:
+            return _FAIL, False, 0
+        ok, value = _integer(buf, i + 1, stop - 1)
+        return (stop if ok else _FAIL), ok, value
+    stop = _skip(buf, i, end)
+    if _is(buf, i, stop, _NULL):
+        return stop, False, 0
+    ok, value = _integer(buf, i, stop)
+    return (stop if ok else _FAIL), ok, value
+
+
+# --- the OTLP tree --------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _any_value(
+    buf: np.ndarray, i: int, end: int, array: bool
+) -> tuple[int, int, int, bool, int, int, int]:  # pragma: no cover - compiled
+    """An AnyValue object at buf[i], checked as msgspec checks it.
+
+    Returns (end, string start, string stop, int present, int, bool as -1 absent/0/1,
+    arrayValue position). The string bounds are -1 when it has none. An arrayValue is
+    only taken where `array` is set, and left for _int_items to read (numba compiles no
+    recursion well); its position is -1 when there is none. Maps always fall back.
+    """
+    fail = (_FAIL, -1, -1, False, 0, -1, -1)
+    s_start = s_stop = -1
+    int_ok = False
+    int_value = 0
+    flag = -1
+    array_at = -1
+    seen = 0
+    i = _open(buf, i, 123)
+    while i >= 0 and buf[i] != 125:
+        k_start, k_stop, i = _member(buf, i, end)
+        if i < 0:
+            return fail
+        field = -1
+        for f, name in enumerate(
+            (_STRING_VALUE, _INT_VALUE, _BOOL_VALUE, _DOUBLE_VALUE, _BYTES_VALUE, _ARRAY_VALUE, _KVLIST_VALUE)
+        ):
+            if _is(buf, k_start, k_stop, name):
+                field = f
+                break
+        if field >= 0:
+            if seen & (1 << field):
+                return fail  # a repeated field: msgspec keeps the last, let it
+            seen |= 1 << field
+        c = buf[i]
+        if field == -1:
+            i = _skip(buf, i, end)
+        elif c == 110:
+            stop = _skip(buf, i, end)
+            if not _is(buf, i, stop, _NULL):
+                return fail
+            i = stop
+        elif field == 0 or field == 4:
+            if c != 34:
+                return fail
+            stop, plain = _string(buf, i, end)
+            if stop < 0 or not plain:
+                return fail
+            if field == 0:
+                s_start, s_stop = i + 1, stop - 1
+            i = stop
+        elif field == 1:
+            i, int_ok, int_value = _int64(buf, i, end)
+        elif field == 2:
+            stop = _skip(buf, i, end)
+            if _is(buf, i, stop, _TRUE):
+                flag = 1
+            elif _is(buf, i, stop, _FALSE):
+                flag = 0
+            else:
+                return fail
+            i = stop
+        elif field == 3:
+            if c == 34:
+                stop, plain = _string(buf, i, end)
+                if not plain:
+                    return fail
+                i = stop
+            elif c == 45 or 48 <= c <= 57:
+                i = _skip(buf, i, end)
+            else:
+                return fail
+        elif field == 5 and array:
+            array_at = i
+            i = _skip(buf, i, end)
+        else:
+            return fail
+        i = _next(buf, i)
+    if i < 0:
+        return fail
+    return i + 1, s_start, s_stop, int_ok, int_value, flag, array_at
+
+
+@numba.njit(cache=True, nogil=True)
+def _compact_value(
+    buf: np.ndarray, i: int, end: int, array: bool
+) -> tuple[int, int, int, bool, int, int, int]:  # pragma: no cover - compiled
+    """_any_value for the compact one-field form (`{"intValue":"46"}`); end _GENERAL for any other."""
+    general = (_GENERAL, -1, -1, False, 0, -1, -1)
+    f = i + 2
+    c = buf[f]
+    if buf[i] != 123 or buf[i + 1] != 34:
+        return general
+    if c == 115 and _at(buf, f, _COMPACT_STRING):
+        v = f + len(_COMPACT_STRING)
+        if buf[v] != 34:
+            return general
+        stop, plain = _string(buf, v, end)
+        if not plain or buf[stop] != 125:
+            return general
+        return stop + 1, v + 1, stop - 1, False, 0, -1, -1
+    if c == 105 and _at(buf, f, _COMPACT_INT):
+        stop, ok, value = _int64(buf, f + len(_COMPACT_INT), end)
+        if stop < 0 or buf[stop] != 125:
+            return general
+        return stop + 1, -1, -1, ok, value, -1, -1
+    if c == 98 and _at(buf, f, _COMPACT_BOOL):
+        v = f + len(_COMPACT_BOOL)
+        if _at(buf, v, _TRUE) and buf[v + 4] == 125:
+            return v + 5, -1, -1, False, 0, 1, -1
+        if _at(buf, v, _FALSE) and buf[v + 5] == 125:
+            return v + 6, -1, -1, False, 0, 0, -1
+        return general
+    if array and c == 97 and _at(buf, f, _COMPACT_ARRAY):
+        array_at = f + len(_COMPACT_ARRAY) - 1  # the ArrayValue object
+        stop = _skip(buf, array_at, end)
+        if stop < 0 or buf[stop] != 125:
+            return general
+        return stop + 1, -1, -1, False, 0, -1, array_at
+    return general
+
+
+@numba.njit(cache=True, nogil=True)
+def _int_items(
+    buf: np.ndarray, i: int, end: int, items: np.ndarray, items_ok: np.ndarray, n_items: int
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """An ArrayValue object `{"values": [AnyValue...]}` whose items' intValues go to `items`."""
+    start = n_items
+    seen = False
+    i = _open(buf, i, 123)
+    while i >= 0 and buf[i] != 125:
+        k_start, k_stop, i = _member(buf, i, end)
+        if i < 0:
+            return _FAIL, _FAIL
+        if not _is(buf, k_start, k_stop, _VALUES):
+            i = _next(buf, _skip(buf, i, end))
+            continue
+        if seen:
+            return _FAIL, _FAIL
+        seen = True
+        n_items = start
+        i = _open(buf, i, 91)
+        while i >= 0 and buf[i] != 93:
+            if n_items >= len(items):
+                return _FAIL, _FAIL
+            stop, _, _, ok, value, _, _ = _compact_value(buf, i, end, False)
+            if stop == _GENERAL:
+                stop, _, _, ok, value, _, _ = _any_value(buf, i, end, False)
+            i = stop
+            items[n_items] = value
+            items_ok[n_items] = ok
+            n_items += 1
+            i = _next(buf, i)
+        if i < 0:
+            return _FAIL, _FAIL
+        i = _next(buf, i + 1)
+    if i < 0:
+        return _FAIL, _FAIL
+    return i + 1, n_items
+
+
+_TABLE: Final = 256  # slots of the attribute name hash table
+
+
+@numba.njit(cache=True, nogil=True)
+def _name_hash(buf: np.ndarray, start: int, stop: int, salt: int) -> int:  # pragma: no cover - compiled
+    """A hash of a name's length and last 8 bytes (attribute names share their prefixes)."""
+    h = np.uint64(stop - start) * np.uint64(salt)
+    for k in range(max(start, stop - 8), stop):
+        h = (h ^ np.uint64(buf[k])) * np.uint64(0x100000001B3)
+    return np.int64((h >> np.uint64(29)) & np.uint64(_TABLE - 1))
+
+
+@numba.njit(cache=True, nogil=True)
+def _column(
+    buf: np.ndarray, start: int, stop: int, keys: np.ndarray, columns: np.ndarray, table: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """The column whose attribute name is buf[start:stop], or -1."""
+    c = table[_name_hash(buf, start, stop, table[_TABLE])]
+    if c >= 0 and _is(buf, start, stop, keys[columns[c, 0] : columns[c, 1]]):
+        return c
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _value(
+    buf: np.ndarray, i: int, end: int, kind: int, slot: int, row: int, out: tuple
+) -> int:  # pragma: no cover - compiled
+    """The AnyValue at buf[i] (i < 0: none given) into row `row` of column (kind, slot) of `out`."""
+    strings, ints, ints_ok, flags, shapes, items, items_ok, n_items = out
+    stop, s_start, s_stop, int_ok, int_value, flag, array_at = -1, -1, -1, False, 0, -1, -1
+    if i >= 0:
+        stop, s_start, s_stop, int_ok, int_value, flag, array_at = _compact_value(buf, i, end, kind == INTS)
+        if stop == _GENERAL:
+            stop, s_start, s_stop, int_ok, int_value, flag, array_at = _any_value(buf, i, end, kind == INTS)
+        if stop < 0:
+            return _FAIL
+    items_end = -1
+    if array_at >= 0:
+        items_end = _int_items(buf, array_at, end, items, items_ok, n_items[0])[1]
+        if items_end < 0:
+            return _FAIL
+    # Each write replaces an earlier attribute of the same name: msgspec's last one wins.
+    if kind == STR:
+        strings[row, slot, 0] = s_start
+        strings[row, slot, 1] = s_stop
+    elif kind == INT:
+        ints[row, slot] = int_value
+        ints_ok[row, slot] = int_ok
+    elif kind == BOOL:
+        flags[row] = flag
+    elif kind == INTS:
+        shapes[row, 0] = n_items[0] if items_end >= 0 else -1
+        shapes[row, 1] = items_end
+        if items_end >= 0:
+            n_items[0] = items_end
+    return stop
+
+
+@numba.njit(cache=True, nogil=True)
+def _attribute(
+    buf: np.ndarray,
+    i: int,
+    end: int,
+    keys: np.ndarray,
+    columns: np.ndarray,
+    table: np.ndarray,
+    row: int,
+    out: tuple,
+) -> int:  # pragma: no cover - compiled
+    """A KeyValue object at buf[i]; a page attribute's value is written to row `row` of `out`."""
+    if _at(buf, i, _KEY_OPEN):
+        stop, plain = _string(buf, i + len(_KEY_OPEN) - 1, end)
+        if plain and _at(buf, stop - 1, _VALUE_OPEN):
+            column = _column(buf, i + len(_KEY_OPEN), stop - 1, keys, columns, table)
+            kind, slot = (columns[column, 2], columns[column, 3]) if column >= 0 else (-1, 0)
+            stop = _value(buf, stop - 1 + len(_VALUE_OPEN) - 2, end, kind, slot, row, out)
+            if stop >= 0 and buf[stop] == 125:
+                return stop + 1
+    return _general_attribute(buf, i, end, keys, columns, table, row, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _general_attribute(
+    buf: np.ndarray,
+    i: int,
+    end: int,
+    keys: np.ndarray,
+    columns: np.ndarray,
+    table: np.ndarray,
+    row: int,
+    out: tuple,
+) -> int:  # pragma: no cover - compiled
+    """_attribute for any member order and spacing."""
+    column = -2  # not yet known
+    v_start = -1  # a value met before its key, read once the key is known
+    has_value = False
+    i = _open(buf, i, 123)
+    while i >= 0 and buf[i] != 125:
+        m_start, m_stop, i = _member(buf, i, end)
+        if i < 0:
+            return _FAIL
+        if _is(buf, m_start, m_stop, _KEY):
+            if column != -2 or buf[i] != 34:
+                return _FAIL
+            stop, plain = _string(buf, i, end)
+            if not plain:
+                return _FAIL
+            column = _column(buf, i + 1, stop - 1, keys, columns, table)
+            i = stop
+        elif _is(buf, m_start, m_stop, _VALUE):
+            if has_value or buf[i] != 123:
+                return _FAIL
+            has_value = True
+            if column == -2:
+                v_start = i
+                i = _skip(buf, i, end)
+            elif column >= 0:
+                i = _value(buf, i, end, columns[column, 2], columns[column, 3], row, out)
+            else:
+                i = _value(buf, i, end, -1, 0, row, out)  # checked as msgspec would, kept nowhere
+        else:
+            i = _skip(buf, i, end)
+        i = _next(buf, i)
+    if i < 0 or column == -2:
+        return _FAIL
+    if column >= 0 and (v_start >= 0 or not has_value):
+        # A value given before its key, or none (msgspec's default AnyValue, holding nothing).
+        if _value(buf, v_start, end, columns[column, 2], columns[column, 3], row, out) == _FAIL and v_start >= 0:
+            return _FAIL
+    elif column < 0 and v_start >= 0 and _value(buf, v_start, end, -1, 0, row, out) < 0:
+        return _FAIL
+    return i + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _event(
+    buf: np.ndarray,
+    i: int,
+    end: int,
+    keys: np.ndarray,
+    columns: np.ndarray,
+    table: np.ndarray,
+    row: int,
+    out: tuple,
+) -> tuple[int, bool, int]:  # pragma: no cover - compiled
+    """An Event object at buf[i], its attributes written to row `row`: (end, is a page, time)."""
+    strings, ints_ok, flags, shapes = out[0], out[2], out[3], out[4]
+    strings[row, :, 0] = -1
+    ints_ok[row, :] = False
+    flags[row] = -1
+    shapes[row, 0] = -1
+    time = 0
+    page = False
+    seen = 0
+    i = _open(buf, i, 123)
+    while i >= 0 and buf[i] != 125:
+        m_start, m_stop, i = _member(buf, i, end)
+        if i < 0:
+            return _FAIL, False, 0
+        if _is(buf, m_start, m_stop, _TIME):
+            if seen & 1 or buf[i] == 110:  # repeated, or null (no int | str)
+                return _FAIL, False, 0
+            seen |= 1
+            i, _, time = _int64(buf, i, end)
+        elif _is(buf, m_start, m_stop, _NAME):
+            if seen & 2 or buf[i] != 34:
+                return _FAIL, False, 0
+            seen |= 2
+            stop, plain = _string(buf, i, end)
+            if not plain:
+                return _FAIL, False, 0
+            page = _is(buf, i + 1, stop - 1, _PAGE_EVENT)
+            i = stop
+        elif _is(buf, m_start, m_stop, _ATTRIBUTES):
+            if seen & 4:
+                return _FAIL, False, 0
+            seen |= 4
+            i = _open(buf, i, 91)
+            while i >= 0 and buf[i] != 93:
+                i = _next(buf, _attribute(buf, i, end, keys, columns, table, row, out))
+            if i >= 0:
+                i += 1
+        elif _is(buf, m_start, m_stop, _DROPPED):
+            stop = _skip(buf, i, end)
+            if not _integer(buf, i, stop)[0]:
+                return _FAIL, False, 0
+            i = stop
+        else:
+            i = _skip(buf, i, end)
+        i = _next(buf, i)
+    if i < 0:
+        return _FAIL, False, 0
+    return i + 1, page, time
+
+
+@numba.njit(cache=True, nogil=True)
+def _line(
+    buf: np.ndarray,
+    i: int,
+    end: int,
+    line: int,
+    n: int,
+    keys: np.ndarray,
+    columns: np.ndarray,
+    table: np.ndarray,
+    rows: np.ndarray,
+    out: tuple,
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """The page events of one line, as rows from `n` on: (rows now, spans seen), rows -1 to fall back.
+
+    One pass with an explicit stack: depth d is inside an object holding the array
+    named _PATH[d] (the line, a ResourceSpans, a ScopeSpans, a Span); the items of a
+    Span's `events` are read by _event. Repeated names fall back (msgspec keeps the
+    last); other members are skipped.
+    """
+    path = (_RESOURCE_SPANS, _SCOPE_SPANS, _SPANS, _EVENTS)
+    found = np.zeros(4, dtype=np.bool_)
+    depth = 0
+    in_array = False
+    spans = 0
+    i = _open(buf, _ws(buf, i), 123)
+    while i >= 0:
+        if in_array:
+            if buf[i] == 93:
+                in_array = False
+                i = _next(buf, i + 1)
+            elif depth == 3:
+                if n >= len(rows):
+                    return _FAIL, spans
+                i, page, time = _event(buf, i, end, keys, columns, table, n, out)
+                if page and i >= 0:
+                    rows[n, 0] = line
+                    rows[n, 1] = spans - 1
+                    rows[n, 2] = time
+                    n += 1
+                i = _next(buf, i)
+            else:
+                i = _open(buf, i, 123)
+                depth += 1
+                found[depth] = False
+                in_array = False
+                spans += depth == 3
+        elif buf[i] == 125:
+            if depth == 0:
+                return n, spans
+            depth -= 1
+            in_array = True
+            i = _next(buf, i + 1)
+        else:
+            m_start, m_stop, i = _member(buf, i, end)
+            if i >= 0 and _is(buf, m_start, m_stop, path[depth]):
+                if found[depth] or buf[i] != 91:
+                    return _FAIL, spans
+                found[depth] = True
+                in_array = True
+                i = _ws(buf, i + 1)
+            elif i >= 0:
+                i = _next(buf, _skip(buf, i, end))
+    return _FAIL, spans
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan(
+    buf: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    spans_expected: np.ndarray,
+    keys: np.ndarray,
+    columns: np.ndarray,
+    table: np.ndarray,
+    rows: np.ndarray,
+    out: tuple,
+    fallback: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """Scan lines [starts[k], ends[k]) with spans_expected[k] >= 0; returns the rows written.
+
+    `rows` gets (line, span, time) per row. A line that needs the general decoder, or
+    whose span count differs from what msgspec saw, is marked in `fallback` and leaves
+    no rows.
+    """
+    buf, keys, columns, table = _unmanaged(buf), _unmanaged(keys), _unmanaged(columns), _unmanaged(table)
+    rows = _unmanaged(rows)
+    out = (
+        _unmanaged(out[0]),
+        _unmanaged(out[1]),
+        _unmanaged(out[2]),
+        _unmanaged(out[3]),
+        _unmanaged(out[4]),
+        _unmanaged(out[5]),
+        _unmanaged(out[6]),
+        _unmanaged(out[7]),
+    )
+    n_items = out[7]
+    n = 0
+    for line in range(len(starts)):
+        if spans_expected[line] < 0:
+            continue
+        items_before = n_items[0]
+        after, spans = _line(buf, starts[line], ends[line], line, n, keys, columns, table, rows, out)
+        if after < 0 or spans != spans_expected[line]:
+            fallback[line] = True
+            n_items[0] = items_before
+        else:
+            n = after
+    return n
+
+
+# --- the Python side ------------------------------------------------------------------
+
+
+@dataclass
+class PageColumns:
+    """Page rows scanned from one buffer.
+
+    `line` numbers the buffer's lines from 0 and `span` counts the spans of that line
+    in document order (the order msgspec decodes them in), so (line, span) finds the
+    span each page belongs to. `columns` are the page attribute columns, in the order
+    the scanner was given them. `fallback` marks lines left to the general decoder.
+    """
+
+    line: np.ndarray
+    span: np.ndarray
+    time_ns: np.ndarray
+    columns: list[pa.Array]
+    fallback: np.ndarray
+
+
+class PageScanner:
+    """Scans page events for a fixed set of attribute columns.
+
+    Args:
+        columns: (attribute name, kind) per column, kind one of STR, INT, BOOL, INTS;
+            at most one INTS and one BOOL column.
+    """
+
+    def __init__(self, columns: Sequence[tuple[str, int]]) -> None:
+        self._kinds = np.array([kind for _, kind in columns], dtype=np.int64)
+        if (self._kinds == INTS).sum() > 1 or (self._kinds == BOOL).sum() > 1:
+            raise ValueError("at most one list column and one bool column")
+        names = [name.encode() for name, _ in columns]
+        self._keys = np.frombuffer(b"".join(names), dtype=np.uint8).copy()
+        bounds = np.cumsum([0, *map(len, names)])
+        self._slots = np.zeros(len(columns), dtype=np.int64)
+        for kind in (STR, INT):
+            where = np.flatnonzero(self._kinds == kind)
+            self._slots[where] = np.arange(len(where))
+        # Per column: where its name lies in `keys`, its kind, its slot among its kind.
+        self._columns = np.stack([bounds[:-1], bounds[1:], self._kinds, self._slots], axis=1).astype(np.int64)
+        self._table = _hash_table(self._keys, self._columns)
+        self._n_str = int((self._kinds == STR).sum())
+        self._n_int = int((self._kinds == INT).sum())
+
+    def compile(self) -> None:
+        """Compile now (or load from numba's disk cache), so that forked workers inherit the
+        machine code instead of each loading it again."""
+        self.scan(b"", [], [], [])
+
+    def scan(self, data: bytes, starts: Sequence[int], ends: Sequence[int], spans: Sequence[int]) -> PageColumns:
+        """Scan the lines data[starts[k]:ends[k]] that msgspec decoded with spans[k] spans (-1: skip)."""
+        buf = np.empty(len(data) + _PAD, dtype=np.uint8)
+        buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        buf[len(data) :] = 0
+        # Every page event names itself, so this bounds the rows; an escaped name falls back.
+        capacity = data.count(b'"' + EVENT_PAGE.encode() + b'"') + 1
+        # An array item is at least `{"intValue":0}` long; np.empty leaves untouched pages unmapped.
+        item_capacity = len(data) // len('{"intValue":0}') + 1
+        # Each event resets its row's presence marks (string start, int ok, flag, list start):
+        # what lies under a mark that says absent is never read.
+        strings = np.empty((capacity, self._n_str, 2), dtype=np.int64)
+        ints = np.empty((capacity, self._n_int), dtype=np.int64)
+        ints_ok = np.empty((capacity, self._n_int), dtype=np.bool_)
+        flags = np.empty(capacity, dtype=np.int8)
+        shapes = np.empty((capacity, 2), dtype=np.int64)
+        items = np.empty(item_capacity, dtype=np.int64)
+        items_ok = np.empty(item_capacity, dtype=np.bool_)
+        n_items = np.zeros(1, dtype=np.int64)
+        rows = np.empty((capacity, 3), dtype=np.int64)
+        fallback = np.zeros(len(starts), dtype=np.bool_)
+        out = (strings, ints, ints_ok, flags, shapes, items, items_ok, n_items)
+        n = _scan(
+            buf,
+            np.asarray(starts, dtype=np.int64),
+            np.asarray(ends, dtype=np.int64),
+            np.asarray(spans, dtype=np.int64),
+            self._keys,
+            self._columns,
+            self._table,
+            rows,
+            out,
+            fallback,
+        )
+        columns: list[pa.Array] = []
+        for column, kind in enumerate(self._kinds):
+            slot = self._slots[column]
+            if kind == STR:
+                columns.append(_strings(buf, strings[:n, slot, 0], strings[:n, slot, 1]))
+            elif kind == INT:
+                columns.append(pa.array(ints[:n, slot], mask=~ints_ok[:n, slot]))
+            elif kind == BOOL:
+                columns.append(pa.array(flags[:n] == 1, mask=flags[:n] < 0))
+            else:
+                columns.append(_lists(shapes[:n], items, items_ok))
+        return PageColumns(rows[:n, 0], rows[:n, 1], rows[:n, 2], columns, fallback)
+
+
+def _hash_table(keys: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """A collision-free table from _name_hash to column (-1: none), its salt in the last slot."""
+    for salt in range(1, 1 << 16):
+        table = np.full(_TABLE + 1, -1, dtype=np.int64)
+        for c, (start, stop, _, _) in enumerate(columns):
+            h = _name_hash(keys, start, stop, salt)
+            if table[h] >= 0:
+                break
+            table[h] = c
+        else:
+            table[_TABLE] = salt
+            return table
+    raise ValueError("no collision-free hash for these attribute names")
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather(
+    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """Arrow string offsets and data for buf[starts[k]:stops[k]] (a null, start < 0, is empty)."""
+    n = len(starts)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    for k in range(n):
+        offsets[k + 1] = offsets[k] + (stops[k] - starts[k] if starts[k] >= 0 else 0)
+    data = np.empty(offsets[n], dtype=np.uint8)
+    for k in range(n):
+        if starts[k] >= 0:
+            data[offsets[k] : offsets[k + 1]] = buf[starts[k] : stops[k]]
+    return offsets, data
+
+
+def _strings(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
+    offsets, data = _gather(buf, np.ascontiguousarray(starts), np.ascontiguousarray(stops))
+    valid = starts >= 0
+    return pa.Array.from_buffers(
+        pa.string(),
+        len(starts),
+        [_bitmap(valid), pa.py_buffer(offsets), pa.py_buffer(data)],
+        null_count=int(len(valid) - valid.sum()),
+    )
+
+
+def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
+    return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_items(
+    shapes: np.ndarray, items: np.ndarray, items_ok: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """Arrow list offsets, values and their validity: row k holds items[start:stop] (start < 0: null)."""
+    n = len(shapes)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    for k in range(n):
+        offsets[k + 1] = offsets[k] + (shapes[k, 1] - shapes[k, 0] if shapes[k, 0] >= 0 else 0)
+    values = np.empty(offsets[n], dtype=np.int64)
+    valid = np.empty(offsets[n], dtype=np.bool_)
+    for k in range(n):
+        if shapes[k, 0] >= 0:
+            values[offsets[k] : offsets[k + 1]] = items[shapes[k, 0] : shapes[k, 1]]
+            valid[offsets[k] : offsets[k + 1]] = items_ok[shapes[k, 0] : shapes[k, 1]]
+    return offsets, values, valid
+
+
+def _lists(shapes: np.ndarray, items: np.ndarray, items_ok: np.ndarray) -> pa.Array:
+    offsets, values, valid = _gather_items(np.ascontiguousarray(shapes), items, items_ok)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, mask=~valid), mask=pa.array(shapes[:, 0] < 0))
