@@ -142,6 +142,9 @@ ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), (
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
 PARALLEL_MIN_BYTES: Final = 8 * 1024 * 1024
+# The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~25 s
+# to compile on a fresh install); msgspec's full decode reads this much faster than that.
+SCAN_MIN_BYTES: Final = 4 * 1024 * 1024
 
 
 @dataclass
@@ -169,7 +172,8 @@ class Tables:
 
 @dataclass
 class _Columns:
-    """What one byte range of one file yields besides its spans and pages."""
+    """What one byte range of one file shares across its lines: errors, and resource rows
+    (a cache: a resource is in the range's table only if a line that uses it is read)."""
 
     file: str
     resources: dict[int, list[Any]] = field(default_factory=dict)
@@ -301,6 +305,7 @@ _PAGE_SLOTS: Final = _slots(PAGE_ATTR_COLUMNS)
 _RESOURCE_SLOTS: Final = _slots(RESOURCE_COLUMNS)
 # Where each page column that comes from its span lies in a span row.
 _PAGE_COLUMNS_FROM_SPAN: Final = [SPANS_SCHEMA.get_field_index(name) for name, _ in _PAGE_HEAD[:-1]]
+_N_PAGE: Final = len(PAGE_ATTR_COLUMNS)
 _SCHEMA_SLOT: Final = list(RESOURCE_COLUMNS).index("schema")
 _REPLICA_SLOT: Final = list(RESOURCE_COLUMNS).index("replica")
 
@@ -311,14 +316,15 @@ class UnreadableLineError(ValueError):
 
 @dataclass
 class _Line:
-    """One decoded line: its place in the buffer, its span rows and (when the page scanner
-    gave up on it) its page rows from the general decoder."""
+    """One decoded line: its place in the buffer, its span rows and, when msgspec decoded
+    its events too, its page rows."""
 
     number: int
     start: int
     end: int
-    spans: list[list[Any]]
+    spans: list[list[Any]] = field(default_factory=list)
     pages: list[list[Any]] | None = None
+    resources: dict[int, list[Any]] = field(default_factory=dict)
 
 
 def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesData:
@@ -330,8 +336,9 @@ def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesDat
         raise UnreadableLineError(f"invalid JSON: {exc}") from None
 
 
-def _spans(columns: _Columns, line_no: int, data: TracesData) -> Iterator[tuple[list[Any], Span]]:
-    """Each span of a decoded line as its row of the `spans` table, in document order."""
+def _spans(columns: _Columns, line: _Line, data: TracesData) -> Iterator[tuple[list[Any], Span]]:
+    """Each span of a decoded line as its row of the `spans` table, in document order;
+    the line's resources go to `line.resources`."""
     n_resource = len(RESOURCE_COLUMNS)
     n_span = len(SPAN_ATTR_COLUMNS)
     file = columns.file
@@ -347,6 +354,7 @@ def _spans(columns: _Columns, line_no: int, data: TracesData) -> Iterator[tuple[
                     f"unknown kvaudit schema version {schema} (this kvaudit reads {SCHEMA_VERSION})"
                 )
             columns.resources[rid] = resource
+        line.resources[rid] = resource
         replica = resource[_REPLICA_SLOT]
         for scope_spans in resource_spans.scopeSpans:
             for span in scope_spans.spans:
@@ -354,7 +362,7 @@ def _spans(columns: _Columns, line_no: int, data: TracesData) -> Iterator[tuple[
                 attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, extra)
                 row = [
                     file,
-                    line_no,
+                    line.number,
                     rid,
                     replica,
                     hex_id(span.traceId, 16),
@@ -372,29 +380,50 @@ def _spans(columns: _Columns, line_no: int, data: TracesData) -> Iterator[tuple[
                 yield row, span
 
 
-def _general_pages(columns: _Columns, line: _Line, raw: bytes | memoryview) -> list[list[Any]]:
-    """Page rows of a line the scanner gave up on, from msgspec's full decode."""
-    n_page = len(PAGE_ATTR_COLUMNS)
-    pages: list[list[Any]] = []
-    data = _decode(DECODER, raw)
-    for span_row, span in zip(line.spans, (span for _, span in _spans(columns, line.number, data))):
-        head = [span_row[i] for i in _PAGE_COLUMNS_FROM_SPAN]
-        for event in span.events:
-            if event.name == EVENT_PAGE:
-                pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, n_page)])
-    return pages
+def _read_line(
+    columns: _Columns, line: _Line, raw: bytes | memoryview, decoder: msgspec.json.Decoder, cut: bool
+) -> bool:
+    """Decode a line into `line.spans`, and `line.pages` when `decoder` decodes events too.
+
+    An unreadable line is recorded in `columns.errors` (as truncated when `cut`: it is
+    the unterminated end of a file) and gives False.
+    """
+    line.spans, line.pages, line.resources = [], None, {}
+    try:
+        data = _decode(decoder, raw)
+        spans: list[list[Any]] = []
+        pages: list[list[Any]] = []
+        for span_row, span in _spans(columns, line, data):
+            spans.append(span_row)
+            if decoder is DECODER:
+                head = [span_row[i] for i in _PAGE_COLUMNS_FROM_SPAN]
+                for event in span.events:
+                    if event.name == EVENT_PAGE:
+                        pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, _N_PAGE)])
+    except UnreadableLineError as exc:
+        reason = "truncated last line (writer stopped mid-line?)" if cut else str(exc)
+        columns.errors.append((columns.file, line.number, reason))
+        line.resources = {}
+        return False
+    except (ValueError, TypeError, AttributeError) as exc:
+        columns.errors.append((columns.file, line.number, f"bad value: {exc}"))
+        line.resources = {}
+        return False
+    line.spans = spans
+    line.pages = pages if decoder is DECODER else None
+    return True
 
 
-def read_range(path: str, start: int, end: int, final: bool) -> tuple[Tables, int, int]:
+def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) -> tuple[Tables, int, int]:
     """Decode the lines in bytes [start, end) of `path`, numbering them from 1.
 
     `start` must be a line start. The range ends at its last newline, unless `final`
     is set and `end` is the end of the file: then an unterminated last line is read
     too (and reported as truncated if it does not decode).
 
-    Spans are decoded by msgspec with their events left as raw JSON; page events are
-    scanned into columns by kvaudit.page_scan, and lines it gives up on get msgspec's
-    full decode.
+    With `scan`, msgspec decodes spans with their events left as raw JSON, the page
+    scanner (kvaudit.page_scan) reads page events into columns, and lines it gives up
+    on get msgspec's full decode; without it, every line gets the full decode.
 
     Returns:
         The tables, the offset just past the last line consumed, the lines consumed.
@@ -415,54 +444,52 @@ def read_range(path: str, start: int, end: int, final: bool) -> tuple[Tables, in
     gc.disable()
     try:
         for number, (first, last) in enumerate(bounds, start=1):
-            if not data[first:last].strip():
-                continue
-            try:
-                decoded = _decode(HEAD_DECODER, view[first:last])
-                lines.append(_Line(number, first, last, [row for row, _ in _spans(columns, number, decoded)]))
-            except UnreadableLineError as exc:
-                cut = truncated and last == len(data)
-                columns.errors.append(
-                    (path, number, "truncated last line (writer stopped mid-line?)" if cut else str(exc))
-                )
-            except (ValueError, TypeError, AttributeError) as exc:
-                columns.errors.append((path, number, f"bad value: {exc}"))
-        scanned = page_scanner().scan(
-            data, [line.start for line in lines], [line.end for line in lines], [len(line.spans) for line in lines]
-        )
-        for line, general in zip(lines, scanned.fallback):
-            if general:
-                try:
-                    line.pages = _general_pages(columns, line, view[line.start : line.end])
-                except UnreadableLineError as exc:
-                    columns.errors.append((path, line.number, str(exc)))
-                    line.spans = []
-                except (ValueError, TypeError, AttributeError) as exc:
-                    columns.errors.append((path, line.number, f"bad value: {exc}"))
-                    line.spans = []
+            line = _Line(number, first, last)
+            cut = truncated and last == len(data)
+            if data[first:last].strip() and _read_line(
+                columns, line, view[first:last], HEAD_DECODER if scan else DECODER, cut
+            ):
+                lines.append(line)
+        scanned = None
+        if scan:
+            scanned = page_scanner().scan(
+                data, [line.start for line in lines], [line.end for line in lines], [len(line.spans) for line in lines]
+            )
+            for line, general in zip(lines, scanned.fallback):
+                if general:
+                    _read_line(columns, line, view[line.start : line.end], DECODER, False)  # leaves an error line empty
         return _tables(columns, lines, scanned), start + (len(data) if truncated else stop), len(bounds)
     finally:
         if collecting:
             gc.enable()
 
 
-def _tables(columns: _Columns, lines: list[_Line], scanned: PageColumns) -> Tables:
+def _tables(columns: _Columns, lines: list[_Line], scanned: PageColumns | None) -> Tables:
     """The range's tables: scanned page rows get their span's columns by (line, span)."""
-    span_base = np.cumsum([0, *(len(line.spans) for line in lines)])
     spans = _table(SPANS_SCHEMA, [row for line in lines for row in line.spans])
-    heads = spans.select(_PAGE_COLUMNS_FROM_SPAN).take(span_base[scanned.line] + scanned.span)
-    pages = pa.Table.from_arrays([*heads.columns, pa.array(scanned.time_ns), *scanned.columns], schema=PAGES_SCHEMA)
-    general = [row for line in lines if line.pages for row in line.pages]
-    if general:
-        # Keep file order: general rows belong between scanned ones.
-        pages = pa.concat_tables([pages, _table(PAGES_SCHEMA, general)])
-        pages = pages.take(pc.sort_indices(pages, [("line", "ascending")]))
+    pages = _table(PAGES_SCHEMA, [row for line in lines if line.pages for row in line.pages])
+    if scanned is not None:
+        span_base = np.cumsum([0, *(len(line.spans) for line in lines)])
+        heads = spans.select(_PAGE_COLUMNS_FROM_SPAN).take(span_base[scanned.line] + scanned.span)
+        fast = pa.Table.from_arrays([*heads.columns, pa.array(scanned.time_ns), *scanned.columns], schema=PAGES_SCHEMA)
+        if pages.num_rows:
+            # Keep file order: rows of lines the scanner gave up on belong between its own.
+            fast = pa.concat_tables([fast, pages])
+            fast = fast.take(pc.sort_indices(fast, [("line", "ascending")]))
+        pages = fast
     return Tables(
-        _table(RESOURCES_SCHEMA, [[rid, *row] for rid, row in columns.resources.items()]),
+        _table(RESOURCES_SCHEMA, [[rid, *row] for rid, row in _line_resources(lines).items()]),
         spans,
         pages,
         _table(ERRORS_SCHEMA, columns.errors),
     )
+
+
+def _line_resources(lines: list[_Line]) -> dict[int, list[Any]]:
+    resources: dict[int, list[Any]] = {}
+    for line in lines:
+        resources.update(line.resources)
+    return resources
 
 
 def _line_bounds(data: bytes, stop: int) -> Iterator[tuple[int, int]]:
@@ -534,15 +561,18 @@ def read_files(
     """
     cursors = {} if cursors is None else cursors
     tasks = list(_plan(files, cursors))
-    if sum(end - start for _, start, end in tasks) < PARALLEL_MIN_BYTES:
+    size = sum(end - start for _, start, end in tasks)
+    if size < PARALLEL_MIN_BYTES:
         workers = 1  # starting processes costs more than decoding a small increment
     workers = min(workers or os.cpu_count() or 1, len(tasks))
+    scan = size >= SCAN_MIN_BYTES
+    if scan:
+        page_scanner().compile()  # before forking: workers inherit the machine code
     if workers <= 1:
-        results = map(lambda task: read_range(*task, final), tasks)
+        results = map(lambda task: read_range(*task, final, scan), tasks)
     else:
-        page_scanner().compile()
         pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
-        results = pool.map(read_range, *zip(*tasks), [final] * len(tasks))
+        results = pool.map(read_range, *zip(*tasks), [final] * len(tasks), [scan] * len(tasks))
     parts: list[Tables] = []
     try:
         for (path, start, end), (tables, stop, lines) in zip(tasks, results):

@@ -2,8 +2,9 @@
 
 Random OTLP JSON lines, in every form a writer may use (member order, spacing, escapes,
 non-ASCII text, numbers or strings for int64s, nulls, missing and repeated attributes,
-unknown value kinds, non-page events), are read twice: as the reader reads them, and
-with the scanner giving every line to the general decoder. Tables must be equal.
+unknown value kinds, non-page events, what msgspec rejects), are read twice: with the
+scanner (lines it gives up on get msgspec's full decode) and with msgspec's full decode
+alone. The tables must be equal.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from kvaudit import reader
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Res
 from kvaudit.emission import setup_emitter
-from kvaudit.page_scan import PageColumns
 from kvaudit.reader import PAGE_ATTR_COLUMNS, read_range
+from kvaudit.store import TraceStore
 
 from .conftest import KV, full_page
 
@@ -146,17 +146,8 @@ def _line(draw: st.DrawFn) -> str:
     return text.replace("kvaudit.pag\\\\u0065", "kvaudit.pag\\u0065")
 
 
-class _GeneralOnly:
-    """A scanner that gives every line to the general decoder: the reference to compare with."""
-
-    def scan(self, data: bytes, starts: list[int], ends: list[int], spans: list[int]) -> PageColumns:
-        real = reader.PageScanner([(attr, reader._SCAN_KIND[kind]) for attr, kind in PAGE_ATTR_COLUMNS.values()])
-        empty = real.scan(b"", [], [], [])
-        return PageColumns(empty.line, empty.span, empty.time_ns, empty.columns, np.ones(len(starts), dtype=bool))
-
-
-def _read(path: Path) -> dict[str, list[dict[str, Any]]]:
-    tables, _, _ = read_range(str(path), 0, path.stat().st_size, True)
+def _read(path: Path, scan: bool = True) -> dict[str, list[dict[str, Any]]]:
+    tables, _, _ = read_range(str(path), 0, path.stat().st_size, True, scan)
     return {name: getattr(tables, name).to_pylist() for name in ("resources", "spans", "pages", "errors")}
 
 
@@ -165,11 +156,7 @@ def _read(path: Path) -> dict[str, list[dict[str, Any]]]:
 def test_the_scanner_reads_what_the_general_decoder_reads(lines: list[str], tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("scan") / "traces.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    fast = _read(path)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reader, "page_scanner", _GeneralOnly)
-        general = _read(path)
-    assert fast == general
+    assert _read(path, scan=True) == _read(path, scan=False)
 
 
 def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):
@@ -202,3 +189,23 @@ def test_lines_the_scanner_gives_up_on_keep_their_place(tmp_path: Path):
     pages = _read(path)["pages"]
     assert [row["line"] for row in pages] == sorted(row["line"] for row in pages)
     assert {row["key"] for row in pages} == {f"k{n}" if n % 2 == 0 else f"k\u00e9{n}" for n in range(6)}
+
+
+def test_the_store_reads_the_same_pages_either_way(trace_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    for replica in ("r1", "r2"):
+        emitter = setup_emitter(replica, f"file:{trace_dir / replica}.jsonl", engine="vllm", kv=KV)
+        for n in range(3):
+            with emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR, request_id=f"{replica}-{n}") as op:
+                for index in range(5):
+                    op.add_page(full_page(f"{n:032x}{index:032x}", index, used=index % 2 == 0))
+            emitter.flush()
+        emitter.shutdown()
+    query = "SELECT * FROM pages ORDER BY replica, line, time_ns, key"
+    results = []
+    for scan_min_bytes in (0, 1 << 62):
+        monkeypatch.setattr(reader, "SCAN_MIN_BYTES", scan_min_bytes)
+        store = TraceStore([trace_dir])
+        store.refresh()
+        results.append(store.query(query))
+        store.close()
+    assert results[0] == results[1] and len(results[0][1]) == 30
