@@ -392,10 +392,13 @@ def _name_hash(buf: np.ndarray, start: int, stop: int, salt: int) -> int:  # pra
 
 
 @numba.njit(cache=True, nogil=True)
-def _column(
-    buf: np.ndarray, start: int, stop: int, keys: np.ndarray, columns: np.ndarray, table: np.ndarray
-) -> int:  # pragma: no cover - compiled
-    """The column whose attribute name is buf[start:stop], or -1."""
+def _column(buf: np.ndarray, start: int, stop: int, names: tuple) -> int:  # pragma: no cover - compiled
+    """The column whose attribute name is buf[start:stop], or -1.
+
+    `names` is (keys, columns, table): every column's attribute name concatenated, per
+    column (name start, name stop, kind, slot), and the hash table of _hash_table.
+    """
+    keys, columns, table = names
     c = table[_name_hash(buf, start, stop, table[_TABLE])]
     if c >= 0 and _is(buf, start, stop, keys[columns[c, 0] : columns[c, 1]]):
         return c
@@ -439,39 +442,27 @@ def _value(
 
 @numba.njit(cache=True, nogil=True)
 def _attribute(
-    buf: np.ndarray,
-    i: int,
-    end: int,
-    keys: np.ndarray,
-    columns: np.ndarray,
-    table: np.ndarray,
-    row: int,
-    out: tuple,
+    buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple
 ) -> int:  # pragma: no cover - compiled
     """A KeyValue object at buf[i]; a page attribute's value is written to row `row` of `out`."""
     if _at(buf, i, _KEY_OPEN):
         stop, plain = _string(buf, i + len(_KEY_OPEN) - 1, end)
         if plain and _at(buf, stop - 1, _VALUE_OPEN):
-            column = _column(buf, i + len(_KEY_OPEN), stop - 1, keys, columns, table)
+            column = _column(buf, i + len(_KEY_OPEN), stop - 1, names)
+            columns = names[1]
             kind, slot = (columns[column, 2], columns[column, 3]) if column >= 0 else (-1, 0)
             stop = _value(buf, stop - 1 + len(_VALUE_OPEN) - 2, end, kind, slot, row, out)
             if stop >= 0 and buf[stop] == 125:
                 return stop + 1
-    return _general_attribute(buf, i, end, keys, columns, table, row, out)
+    return _general_attribute(buf, i, end, names, row, out)
 
 
 @numba.njit(cache=True, nogil=True)
 def _general_attribute(
-    buf: np.ndarray,
-    i: int,
-    end: int,
-    keys: np.ndarray,
-    columns: np.ndarray,
-    table: np.ndarray,
-    row: int,
-    out: tuple,
+    buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple
 ) -> int:  # pragma: no cover - compiled
     """_attribute for any member order and spacing."""
+    columns = names[1]
     column = -2  # not yet known
     v_start = -1  # a value met before its key, read once the key is known
     has_value = False
@@ -486,7 +477,7 @@ def _general_attribute(
             stop, plain = _string(buf, i, end)
             if not plain:
                 return _FAIL
-            column = _column(buf, i + 1, stop - 1, keys, columns, table)
+            column = _column(buf, i + 1, stop - 1, names)
             i = stop
         elif _is(buf, m_start, m_stop, _VALUE):
             if has_value or buf[i] != 123:
@@ -515,14 +506,7 @@ def _general_attribute(
 
 @numba.njit(cache=True, nogil=True)
 def _event(
-    buf: np.ndarray,
-    i: int,
-    end: int,
-    keys: np.ndarray,
-    columns: np.ndarray,
-    table: np.ndarray,
-    row: int,
-    out: tuple,
+    buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple
 ) -> tuple[int, bool, int]:  # pragma: no cover - compiled
     """An Event object at buf[i], its attributes written to row `row`: (end, is a page, time)."""
     strings, ints_ok, flags, shapes = out[0], out[2], out[3], out[4]
@@ -558,7 +542,7 @@ def _event(
             seen |= 4
             i = _open(buf, i, 91)
             while i >= 0 and buf[i] != 93:
-                i = _next(buf, _attribute(buf, i, end, keys, columns, table, row, out))
+                i = _next(buf, _attribute(buf, i, end, names, row, out))
             if i >= 0:
                 i += 1
         elif _is(buf, m_start, m_stop, _DROPPED):
@@ -581,9 +565,7 @@ def _line(
     end: int,
     line: int,
     n: int,
-    keys: np.ndarray,
-    columns: np.ndarray,
-    table: np.ndarray,
+    names: tuple,
     rows: np.ndarray,
     out: tuple,
 ) -> tuple[int, int]:  # pragma: no cover - compiled
@@ -608,7 +590,7 @@ def _line(
             elif depth == 3:
                 if n >= len(rows):
                     return _FAIL, spans
-                i, page, time = _event(buf, i, end, keys, columns, table, n, out)
+                i, page, time = _event(buf, i, end, names, n, out)
                 if page and i >= 0:
                     rows[n, 0] = line
                     rows[n, 1] = spans - 1
@@ -646,9 +628,7 @@ def _scan(
     starts: np.ndarray,
     ends: np.ndarray,
     spans_expected: np.ndarray,
-    keys: np.ndarray,
-    columns: np.ndarray,
-    table: np.ndarray,
+    names: tuple,
     rows: np.ndarray,
     out: tuple,
     fallback: np.ndarray,
@@ -659,7 +639,8 @@ def _scan(
     whose span count differs from what msgspec saw, is marked in `fallback` and leaves
     no rows.
     """
-    buf, keys, columns, table = _unmanaged(buf), _unmanaged(keys), _unmanaged(columns), _unmanaged(table)
+    buf = _unmanaged(buf)
+    names = (_unmanaged(names[0]), _unmanaged(names[1]), _unmanaged(names[2]))
     rows = _unmanaged(rows)
     out = (
         _unmanaged(out[0]),
@@ -677,7 +658,7 @@ def _scan(
         if spans_expected[line] < 0:
             continue
         items_before = n_items[0]
-        after, spans = _line(buf, starts[line], ends[line], line, n, keys, columns, table, rows, out)
+        after, spans = _line(buf, starts[line], ends[line], line, n, names, rows, out)
         if after < 0 or spans != spans_expected[line]:
             fallback[line] = True
             n_items[0] = items_before
@@ -763,9 +744,7 @@ class PageScanner:
             np.asarray(starts, dtype=np.int64),
             np.asarray(ends, dtype=np.int64),
             np.asarray(spans, dtype=np.int64),
-            self._keys,
-            self._columns,
-            self._table,
+            (self._keys, self._columns, self._table),
             rows,
             out,
             fallback,
