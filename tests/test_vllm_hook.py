@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import pytest
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier
 from kvaudit.store import TraceStore, open_store
 
+from .servers import free_port, serving
 from .tiny_model import tiny_llama
 
 pytestmark = [
@@ -155,33 +155,14 @@ class Fleet:
         return self.replicas[name]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def _collector(out: Path, *options: str) -> Iterator[str]:
     """`kvaudit collect` on a free port (receiving vLLM's own request spans); yields its URL."""
-    port = _free_port()
+    port = free_port()
     command = [str(Path(sys.executable).with_name("kvaudit")), "collect", "--out", str(out), *options]
     command.append(f"127.0.0.1:{port}")
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("kvaudit collect did not start") from None
-                time.sleep(0.2)
+    with serving(command, port, "kvaudit collect"):
         yield f"http://127.0.0.1:{port}/v1/traces"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +177,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     running: dict[str, Future[Replica]] = {}
     # r1 also publishes vLLM's own KV events, which a second `kvaudit collect` turns into
     # GPU-tier stores: their keys must be the ones the connector hook reports.
-    events_port = _free_port()
+    events_port = free_port()
     producer = next(r for r in pending if r.name == "r1")
     producer.spec["kv_events_endpoint"] = f"tcp://*:{events_port}"
     producer.env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}  # full hashes, not their low 64 bits
