@@ -11,7 +11,8 @@ Sizes come from the environment, so a quick run is `KVAUDIT_BENCH_PAGES=200000
 KVAUDIT_BENCH_JSON_PAGES=20000 python -m bench audit`:
 - KVAUDIT_BENCH_PAGES (default 10,000,000): descriptors in the ingested database;
 - KVAUDIT_BENCH_JSON_PAGES (default 1,000,000): descriptors in the OTLP JSON files;
-- KVAUDIT_BENCH_DIR (default: a temporary directory): where the data goes.
+- KVAUDIT_BENCH_DIR (default: a temporary directory): where the data goes and stays; a
+  later run with the same sizes reuses it (generating takes longer than measuring).
 
 The generator writes the contract's tables directly with DuckDB (hash-derived columns,
 no Python object per row): requests of 8 pages over 4 replicas, page keys drawn with a
@@ -22,12 +23,15 @@ that every audit path has work to do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -99,18 +103,32 @@ def main() -> None:
     pages = int(os.environ.get("KVAUDIT_BENCH_PAGES", 10_000_000))
     json_pages = int(os.environ.get("KVAUDIT_BENCH_JSON_PAGES", 1_000_000))
     base = os.environ.get("KVAUDIT_BENCH_DIR")
-    with tempfile.TemporaryDirectory(dir=base) as tmp:
-        database = Path(tmp) / "bench.duckdb"
-        started = time.perf_counter()
-        generate_database(database, pages)
-        print(f"generated {pages:,} page descriptors into {database.name} in {time.perf_counter() - started:.1f} s")
+    with contextlib.ExitStack() as stack:
+        folder = Path(base) if base else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        folder.mkdir(parents=True, exist_ok=True)
+        database = folder / f"bench-{pages}.duckdb"
+        _prepare(database, f"{pages:,} page descriptors", lambda path: generate_database(path, pages))
         row("audit + named queries, ingested", pages, *_measure_in_child("ingested", str(database)), "< 30 s, < 4 GiB")
-        traces = Path(tmp) / "traces"
-        started = time.perf_counter()
-        generate_json(traces, json_pages)
-        print(f"wrote {json_pages:,} page descriptors as OTLP JSON in {time.perf_counter() - started:.1f} s")
+        traces = folder / f"traces-{json_pages}"
+        _prepare(traces, f"{json_pages:,} page descriptors as OTLP JSON", lambda path: generate_json(path, json_pages))
         row("read in place + audit + queries", json_pages, *_measure_in_child("files", str(traces)), "(none)")
         capacity(database)
+
+
+def _prepare(path: Path, what: str, generate: Callable[[Path], None]) -> None:
+    """Generate `path`, unless an earlier run left it there complete."""
+    if path.exists():
+        print(f"reusing {what} in {path}")
+        return
+    # Written under another name and renamed when done: an interrupted run leaves nothing to reuse.
+    partial = path.with_name(f"{path.name}.partial")
+    if partial.is_dir():
+        shutil.rmtree(partial)
+    partial.unlink(missing_ok=True)
+    started = time.perf_counter()
+    generate(partial)
+    partial.rename(path)
+    print(f"generated {what} into {path.name} in {time.perf_counter() - started:.1f} s")
 
 
 def row(what: str, pages: int, seconds: float, cpu_seconds: float, peak_gib: float, goal: str) -> None:
