@@ -11,7 +11,7 @@
 --   {"fetched": ..., "expected": ...}.
 WITH sized AS (
     -- The product per page, not once per distinct shape: joining every page to a table of
-    -- shapes on a list-valued key costs more than multiplying five numbers.
+    -- shapes on a list-valued key costs more than multiplying a handful of numbers.
     -- list_product, not unnest: it reads ClickHouse's nullable arrays too (queries/README.md).
     SELECT f.*, CAST(list_product(f.shape) AS BIGINT) * d.bytes AS expected_bytes
     FROM audit_fetches f
