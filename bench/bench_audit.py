@@ -11,7 +11,8 @@ Sizes come from the environment, so a quick run is `KVAUDIT_BENCH_PAGES=200000
 KVAUDIT_BENCH_JSON_PAGES=20000 python -m bench audit`:
 - KVAUDIT_BENCH_PAGES (default 10,000,000): descriptors in the ingested database;
 - KVAUDIT_BENCH_JSON_PAGES (default 1,000,000): descriptors in the OTLP JSON files;
-- KVAUDIT_BENCH_DIR (default: a temporary directory): where the data goes.
+- KVAUDIT_BENCH_DIR (default: a temporary directory): where the data goes and stays; a
+  later run with the same sizes reuses it (generating takes longer than measuring).
 
 The generator writes the contract's tables directly with DuckDB (hash-derived columns,
 no Python object per row): requests of 8 pages over 4 replicas, page keys drawn with a
@@ -22,25 +23,30 @@ that every audit path has work to do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+import msgspec
 import numpy as np
 
-from kvaudit.commands.demo import KV, PAGE_BYTES, PAGE_TOKENS, SHAPE
-from kvaudit.commands.demo import _page as demo_page
+from bench.common import KV, MODEL, PAGE_BYTES, PAGE_TOKENS
+from bench.common import page as common_page
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emission import setup_emitter
 from kvaudit.store import TraceStore
 
 PAGES_PER_REQUEST: Final = 8
 REPLICAS: Final = 4
+SHAPE: Final = MODEL.page_shape(KV.layout, PAGE_TOKENS)
 QUERIES: Final = (
     "hit_rate",
     "cross_replica_reuse",
@@ -69,7 +75,7 @@ SELECT 'bench.jsonl', request + 1, {resource_ids}[replica + 1], 'r' || replica,
        CASE WHEN first THEN 'store' ELSE 'fetch' END, '{hook}', 'lmcache.remote', 'q' || request,
        CASE WHEN first THEN 'hit' ELSE 'partial' END,
        1700000000000000000 + request * 10000000 + i % {ppr},
-       md5(CAST(key_id AS VARCHAR)), 'sha256_cbor',
+       md5(CAST(key_id AS VARCHAR)), '{hash_algo}',
        (key_id % {ppr}) * {tokens}, (key_id % {ppr} + 1) * {tokens},
        CASE WHEN NOT first AND hash(i) % 2000 = 0 THEN NULL ELSE '{model}' END,
        'bfloat16', {shape}, CASE WHEN NOT first AND hash(i) % 2000 = 1 THEN 'NB_NH_BS_2HS' ELSE '{layout}' END,
@@ -78,13 +84,16 @@ SELECT 'bench.jsonl', request + 1, {resource_ids}[replica + 1], 'r' || replica,
 FROM ordered
 """
 _GENERATE_SPANS: Final = """
-INSERT INTO kv_spans
-SELECT any_value(file), any_value(line), any_value(resource_id), any_value(replica), trace_id, span_id, NULL,
-       'kvaudit.' || any_value(op), min(time_ns), min(time_ns) + 1000000 + hash(span_id) % 20000000, 0, 0, 0,
-       any_value(op), any_value(request_id), any_value(hook), any_value(backend),
-       {ppr} * {tokens}, sum(token_end - token_start) FILTER (WHERE op = 'fetch'),
-       sum(token_end - token_start) FILTER (WHERE op = 'store'),
-       count(*), sum(bytes), any_value(outcome), NULL, NULL, NULL, NULL
+INSERT INTO kv_spans BY NAME
+SELECT any_value(file) AS file, any_value(line) AS line, any_value(resource_id) AS resource_id,
+       any_value(replica) AS replica, trace_id, span_id, 'kvaudit.' || any_value(op) AS name,
+       min(time_ns) AS start_ns, min(time_ns) + 1000000 + hash(span_id) % 20000000 AS end_ns,
+       0 AS status_code, 0 AS dropped_attributes, 0 AS dropped_events,
+       any_value(op) AS op, any_value(request_id) AS request_id, any_value(hook) AS hook,
+       any_value(backend) AS backend, {ppr} * {tokens} AS tokens_requested,
+       sum(token_end - token_start) FILTER (WHERE op = 'fetch') AS tokens_hit,
+       sum(token_end - token_start) FILTER (WHERE op = 'store') AS tokens_stored,
+       count(*) AS pages, sum(bytes) AS bytes, any_value(outcome) AS outcome
 FROM kv_pages
 GROUP BY trace_id, span_id
 """
@@ -94,18 +103,32 @@ def main() -> None:
     pages = int(os.environ.get("KVAUDIT_BENCH_PAGES", 10_000_000))
     json_pages = int(os.environ.get("KVAUDIT_BENCH_JSON_PAGES", 1_000_000))
     base = os.environ.get("KVAUDIT_BENCH_DIR")
-    with tempfile.TemporaryDirectory(dir=base) as tmp:
-        database = Path(tmp) / "bench.duckdb"
-        started = time.perf_counter()
-        generate_database(database, pages)
-        print(f"generated {pages:,} page descriptors into {database.name} in {time.perf_counter() - started:.1f} s")
+    with contextlib.ExitStack() as stack:
+        folder = Path(base) if base else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        folder.mkdir(parents=True, exist_ok=True)
+        database = folder / f"bench-{pages}.duckdb"
+        _prepare(database, f"{pages:,} page descriptors", lambda path: generate_database(path, pages))
         row("audit + named queries, ingested", pages, *_measure_in_child("ingested", str(database)), "< 30 s, < 4 GiB")
-        traces = Path(tmp) / "traces"
-        started = time.perf_counter()
-        generate_json(traces, json_pages)
-        print(f"wrote {json_pages:,} page descriptors as OTLP JSON in {time.perf_counter() - started:.1f} s")
+        traces = folder / f"traces-{json_pages}"
+        _prepare(traces, f"{json_pages:,} page descriptors as OTLP JSON", lambda path: generate_json(path, json_pages))
         row("read in place + audit + queries", json_pages, *_measure_in_child("files", str(traces)), "(none)")
         capacity(database)
+
+
+def _prepare(path: Path, what: str, generate: Callable[[Path], None]) -> None:
+    """Generate `path`, unless an earlier run left it there complete."""
+    if path.exists():
+        print(f"reusing {what} in {path}")
+        return
+    # Written under another name and renamed when done: an interrupted run leaves nothing to reuse.
+    partial = path.with_name(f"{path.name}.partial")
+    if partial.is_dir():
+        shutil.rmtree(partial)
+    partial.unlink(missing_ok=True)
+    started = time.perf_counter()
+    generate(partial)
+    partial.rename(path)
+    print(f"generated {what} into {path.name} in {time.perf_counter() - started:.1f} s")
 
 
 def row(what: str, pages: int, seconds: float, cpu_seconds: float, peak_gib: float, goal: str) -> None:
@@ -136,6 +159,7 @@ def generate_database(path: Path, pages: int) -> None:
         "hook": Hook.LMCACHE_ENGINE.value,
         "tokens": PAGE_TOKENS,
         "model": KV.model,
+        "hash_algo": KV.hash_algo,
         "layout": KV.layout,
         "shape": list(SHAPE),
         "page_bytes": PAGE_BYTES,
@@ -182,7 +206,7 @@ def generate_json(directory: Path, pages: int) -> None:
 
 def _page(key: int, used: bool | None) -> PageDescriptor:
     # A key always covers the same tokens, so stores and fetches of it agree.
-    return demo_page(f"{key:064x}", key % PAGES_PER_REQUEST, used)
+    return msgspec.structs.replace(common_page(key % PAGES_PER_REQUEST, used=used), key=f"{key:064x}")
 
 
 def _measure_in_child(kind: str, path: str) -> tuple[float, float, float]:

@@ -37,7 +37,10 @@ matrix AS (
     SELECT coalesce(c.request_class, 'all') AS request_class, f.producer, f.consumer,
            count(*) AS pages, sum(f.tokens) AS tokens, sum(f.bytes) AS bytes
     FROM fetched f
-    LEFT JOIN classes c ON c.trace_id = f.trace_id AND c.span_id = f.span_id
+    -- The variable's test again here, not only in `classes`: with no class attribute set, the
+    -- planner then drops the join, and with it reading every fetched page's span ids.
+    LEFT JOIN classes c
+           ON getvariable('kvaudit_class_attr') IS NOT NULL AND c.trace_id = f.trace_id AND c.span_id = f.span_id
     GROUP BY coalesce(c.request_class, 'all'), f.producer, f.consumer
 )
 SELECT request_class, producer, consumer, pages, tokens, bytes,

@@ -24,6 +24,7 @@ from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend, conne
 from kvaudit.backends.clickhouse_load import create_table, load_files
 from kvaudit.backends.clickhouse_views import view_columns
 from kvaudit.backends.duckdb_backend import DuckDBBackend
+from kvaudit.backends.translate import to_clickhouse
 from kvaudit.capacity import capacity_curve
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
@@ -197,6 +198,14 @@ def test_capacity_curves_agree(backends, sample_rate):
     curve = capacity_curve(clickhouse, sample_rate=sample_rate)
     assert (curve.accesses, curve.sample_rate) == (expected.accesses, expected.sample_rate) and expected.accesses
     assert curve.distances.tolist() == expected.distances.tolist()
+
+
+def test_cte_materialisation_is_left_to_clickhouse():
+    """The auditor materialises its producers in DuckDB; servers that know neither keyword must still parse it."""
+    [statement] = to_clickhouse(
+        "WITH a AS MATERIALIZED (SELECT 1 AS x), b AS NOT MATERIALIZED (SELECT x FROM a) SELECT x FROM b"
+    )
+    assert "MATERIALIZED" not in statement.sql.upper()
 
 
 def test_temp_tables_are_visible_to_later_queries(backends):

@@ -21,8 +21,8 @@ translates most of it; this module adds what kvaudit's queries need beyond that:
 - `md5_number_upper(x)` and `md5_number_lower(x)`, the halves of the MD5 digest as
   UBIGINT, are read the same way out of ClickHouse's `MD5(x)`: a hash both engines
   compute alike, where DuckDB's `hash` has no equal in ClickHouse;
-- `WITH x AS NOT MATERIALIZED (...)` loses its `NOT MATERIALIZED`: ClickHouse inlines
-  every CTE that is not materialised, and knows no such keyword;
+- `WITH x AS [NOT] MATERIALIZED (...)` loses its `[NOT] MATERIALIZED`: ClickHouse inlines
+  CTEs, and older servers know neither keyword (the results are the same either way);
 - `cume_dist()` is spelled in lower case, the only spelling ClickHouse knows;
 - a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`).
 
@@ -163,7 +163,7 @@ def _output_names(query: exp.Query, names: dict[str, tuple[str, ...]]) -> tuple[
 
 
 def _rewrite_functions(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.CTE) and node.args.get("materialized") is False:
+    if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
         node.set("materialized", None)
     if isinstance(node, exp.Select):
         for i, selected in enumerate(node.expressions):
