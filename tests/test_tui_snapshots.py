@@ -74,10 +74,17 @@ def snapshot_app(trace_dir: Path, auditor: ScriptedAuditor | None, alerts: bool 
     return KvauditApp(source, watching="traces/", interval_s=0.2)
 
 
-async def settle(pilot: Pilot) -> None:
-    """Rows arrive before a table re-measures its columns: let the layout settle before a shot."""
-    for _ in range(3):
-        await pilot.pause()
+async def settle(pilot: Pilot, frames: int = 3) -> None:
+    """Rows arrive before a table re-measures its columns, later still on a loaded machine:
+    wait until the screen stays the same for `frames` frames in a row before a shot."""
+    still, previous = 0, None
+    for _ in range(200):
+        await pilot.pause(0.02)
+        frame = pilot.app.export_screenshot()
+        still = still + 1 if frame == previous else 0
+        if still >= frames:
+            return
+        previous = frame
 
 
 def pressing(*keys: str) -> Callable[[Pilot], Awaitable[None]]:

@@ -44,7 +44,10 @@ class SortableTable(DataTable[RenderableType], Generic[T]):
 
     def show(self, items: Sequence[T]) -> None:
         column = self.COLUMNS[self.sort_index]
-        self._items = sorted(items, key=column.sort, reverse=column.descending)
+        ordered = sorted(items, key=column.sort, reverse=column.descending)
+        if ordered == self._items and self.row_count == len(ordered):
+            return  # unchanged: a rebuild would only flicker and re-measure the columns
+        self._items = ordered
         current = self._current_key()
         self.clear()
         seen: dict[str, int] = {}
