@@ -10,7 +10,10 @@ Python object per access.
 
 The stream is `queries/capacity_curve.sql`, which also does SHARDS spatial sampling
 (Waldspurger et al., FAST '15): keys whose hash falls under the rate are kept with
-all their accesses, and their distances scale by 1 / rate.
+all their accesses. The hottest keys are kept whatever the rate (`exact`): each
+access then stands for 1 / (its key's rate) accesses, distances add every page
+between by the same weight, and hit rates are weighted shares, which for a plain
+sample is SHARDS itself.
 """
 
 from __future__ import annotations
@@ -33,23 +36,37 @@ EXACT_LIMIT: Final = 2_000_000
 class CapacityCurve:
     """Hit rate at each capacity, and how it was obtained.
 
-    `distances` are the sorted finite stack distances in bytes (already scaled by
-    1 / sample_rate); `accesses` counts every sampled access, cold ones included.
+    `distances` are the sorted finite stack distances in bytes (estimated for the whole
+    trace when sampled); `hits[k]` is how many accesses of the whole trace the first k
+    of them stand for, and `total` how many all the sampled accesses stand for;
+    `accesses` counts every sampled access, cold ones included; `exact_keys` counts
+    the hot keys kept whatever the rate.
     """
 
     distances: np.ndarray
+    hits: np.ndarray
+    total: float
     accesses: int
     sample_rate: float
+    exact_keys: int = 0
 
     def hit_rate(self, capacity_bytes: np.ndarray | float) -> np.ndarray:
         """Share of accesses that hit a pool of each capacity."""
-        hits = np.searchsorted(self.distances, np.asarray(capacity_bytes, dtype=np.float64), side="right")
-        return hits / self.accesses if self.accesses else np.zeros_like(hits, dtype=np.float64)
+        reached = np.searchsorted(self.distances, np.asarray(capacity_bytes, dtype=np.float64), side="right")
+        return self.hits[reached] / self.total if self.total else np.zeros_like(reached, dtype=np.float64)
+
+    @property
+    def method(self) -> str:
+        """How the curve was obtained, for captions."""
+        if self.sample_rate >= 1.0:
+            return "exact"
+        hot = f", its {self.exact_keys:,} hottest keys in full" if self.exact_keys else ""
+        return f"SHARDS, sampling rate {self.sample_rate:g}{hot}"
 
     @property
     def ideal_hit_rate(self) -> float:
         """The hit rate of an unbounded pool: every re-reference hits."""
-        return len(self.distances) / self.accesses if self.accesses else 0.0
+        return float(self.hits[-1] / self.total) if self.total else 0.0
 
     def grid(self, points: int = 64) -> np.ndarray:
         """Capacities from 0 to the largest stack distance (where the curve is flat)."""
@@ -79,19 +96,34 @@ def capacity_curve(source: Source, *, sample_rate: float | None = None) -> Capac
     stream = backend.arrow(load(STREAM_QUERY), {"kvaudit_sample_rate": sample_rate})
     keys = stream.column("key_hash").to_numpy()
     weights = stream.column("bytes").to_numpy().astype(np.float64)
-    return curve_of_stream(keys, weights, sample_rate)
+    exact = stream.column("exact").to_numpy(zero_copy_only=False).astype(bool)
+    return curve_of_stream(keys, weights, sample_rate, exact)
 
 
-def curve_of_stream(keys: np.ndarray, weights: np.ndarray, sample_rate: float = 1.0) -> CapacityCurve:
-    """The curve of a reference stream: key of each access (any integers) and its bytes."""
+def curve_of_stream(
+    keys: np.ndarray, sizes: np.ndarray, sample_rate: float = 1.0, exact: np.ndarray | None = None
+) -> CapacityCurve:
+    """The curve of a reference stream: key of each access (any integers) and its bytes.
+
+    `exact` marks accesses of keys kept whatever `sample_rate` (default: none).
+    """
     ids = dense_ids(np.ascontiguousarray(keys).astype(np.uint64))
-    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    sizes = np.ascontiguousarray(sizes, dtype=np.float64)
+    exact_keys = 0 if exact is None else len(np.unique(ids[exact]))
+    # Each sampled access stands for 1 / rate accesses, its page for 1 / rate pages.
+    rates = None if not exact_keys or sample_rate == 1.0 else np.where(exact, 1.0, sample_rate)
+    weights = sizes / (sample_rate if rates is None else rates)
     distances = stack_distances(ids, weights)
     reused = np.isfinite(distances)
-    # A sampled distance sees 1 in 1/rate of the other pages, but all of the page itself.
-    own = weights[reused]
-    scaled = own + (distances[reused] - own) / sample_rate
-    return CapacityCurve(np.sort(scaled), len(keys), sample_rate)
+    # The distance counts the pages between at their weight, but the page itself once.
+    estimated = distances[reused] + (sizes[reused] - weights[reused])
+    if rates is None:  # one weight for all: plain SHARDS, or exact
+        estimated.sort()
+        return CapacityCurve(estimated, np.arange(len(estimated) + 1.0), float(len(keys)), len(keys), sample_rate)
+    order = np.argsort(estimated)
+    hits = np.concatenate([[0.0], np.cumsum((1.0 / rates[reused])[order])])
+    total = float(np.sum(1.0 / rates))
+    return CapacityCurve(estimated[order], hits, total, len(keys), sample_rate, exact_keys)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -103,9 +103,7 @@ def print_report(report: Report, stream: TextIO) -> None:
         curve = report.capacity
         console.rule("[bold]Pool capacity")
         console.print(
-            f"{curve.accesses} page accesses"
-            + (f" (SHARDS sample at rate {curve.sample_rate:g})" if curve.sample_rate < 1 else " (exact)")
-            + f"; an unbounded pool would hit {curve.ideal_hit_rate:.1%}"
+            f"{curve.accesses} page accesses ({curve.method}); an unbounded pool would hit {curve.ideal_hit_rate:.1%}"
         )
         points = capacity_points(curve, 11)
         write_rows(points.columns, points.rows, stream=stream)

@@ -71,13 +71,12 @@ def _capacity_figure(report: Report) -> go.Figure | None:
     if curve is None or not curve.accesses:
         return None
     points = capacity_points(curve).records()
-    how = f"SHARDS, sampling rate {curve.sample_rate:g}" if curve.sample_rate < 1 else "exact"
     figure = go.Figure(
         go.Scatter(x=[p["capacity_gib"] for p in points], y=[p["hit_rate"] for p in points], mode="lines+markers")
     )
     figure.add_hline(y=curve.ideal_hit_rate, line_dash="dot", annotation_text="unbounded pool")
     figure.update_layout(
-        xaxis_title="pool capacity (GiB)", yaxis_title=f"hit rate ({how}, {curve.accesses} accesses)"
+        xaxis_title="pool capacity (GiB)", yaxis_title=f"hit rate ({curve.method}, {curve.accesses} accesses)"
     )
     figure.update_yaxes(range=[0, 1])
     return figure
