@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 
 from kvaudit.contract import EVENT_PAGE
 
-# Column kinds as the scanner numbers them: the order of `Kind` in kvaudit.reader.
+# Column kinds as the scanner numbers them (kvaudit.reader maps its own kinds onto these).
 STR, INT, BOOL, INTS = 0, 1, 2, 3
 
 _FAIL: Final = -1  # a position that says: this line needs the general decoder
