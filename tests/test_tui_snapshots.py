@@ -10,7 +10,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from msgspec.structs import replace
+from textual.app import App
 from textual.pilot import Pilot
+from textual.widgets import DataTable
 
 from kvaudit.store import TraceStore
 from kvaudit.tui.alerting import AlertRow
@@ -74,14 +76,25 @@ def snapshot_app(trace_dir: Path, auditor: ScriptedAuditor | None, alerts: bool 
     return KvauditApp(source, watching="traces/", interval_s=0.2)
 
 
+def _measuring(app: App[object]) -> bool:
+    # A DataTable measures new rows' columns when its message queue is next empty (its
+    # `_on_idle`), which a loaded machine can put off past several frames.
+    return any(
+        getattr(table, "_require_update_dimensions", False) or getattr(table, "_updated_cells", None)
+        for table in app.query(DataTable)
+    )
+
+
 async def settle(pilot: Pilot, frames: int = 3) -> None:
     """Rows arrive before a table re-measures its columns, later still on a loaded machine:
-    wait until the screen stays the same for `frames` frames in a row before a shot."""
+    wait until no table has rows left to measure, and the screen stays the same for
+    `frames` frames in a row, before a shot."""
+    await until(lambda: not _measuring(pilot.app))
     still, previous = 0, None
     for _ in range(200):
         await pilot.pause(0.02)
         frame = pilot.app.export_screenshot()
-        still = still + 1 if frame == previous else 0
+        still = still + 1 if frame == previous and not _measuring(pilot.app) else 0
         if still >= frames:
             return
         previous = frame
