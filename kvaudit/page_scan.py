@@ -406,12 +406,20 @@ def _column(buf: np.ndarray, start: int, stop: int, names: tuple) -> int:  # pra
 
 
 @numba.njit(cache=True, nogil=True)
+def _kind_slot(columns: np.ndarray, column: int) -> tuple[int, int]:  # pragma: no cover - compiled
+    """A column's (kind, slot), or (-1, 0) for an attribute that is no column (-1)."""
+    return (columns[column, 2], columns[column, 3]) if column >= 0 else (-1, 0)
+
+
+@numba.njit(cache=True, nogil=True)
 def _value(
     buf: np.ndarray, i: int, end: int, kind: int, slot: int, row: int, out: tuple
 ) -> int:  # pragma: no cover - compiled
-    """The AnyValue at buf[i] (i < 0: none given) into row `row` of column (kind, slot) of `out`."""
+    """The AnyValue at buf[i] into row `row` of column (kind, slot) of `out` (kind -1: checked,
+    kept nowhere). With i < 0 (none given: msgspec's default AnyValue) the column is
+    absent and it returns 0."""
     strings, ints, ints_ok, flags, shapes, items, items_ok, n_items = out
-    stop, s_start, s_stop, int_ok, int_value, flag, array_at = -1, -1, -1, False, 0, -1, -1
+    stop, s_start, s_stop, int_ok, int_value, flag, array_at = 0, -1, -1, False, 0, -1, -1
     if i >= 0:
         stop, s_start, s_stop, int_ok, int_value, flag, array_at = _compact_value(buf, i, end, kind == INTS)
         if stop == _GENERAL:
@@ -448,9 +456,7 @@ def _attribute(
     if _at(buf, i, _KEY_OPEN):
         stop, plain = _string(buf, i + len(_KEY_OPEN) - 1, end)
         if plain and _at(buf, stop - 1, _VALUE_OPEN):
-            column = _column(buf, i + len(_KEY_OPEN), stop - 1, names)
-            columns = names[1]
-            kind, slot = (columns[column, 2], columns[column, 3]) if column >= 0 else (-1, 0)
+            kind, slot = _kind_slot(names[1], _column(buf, i + len(_KEY_OPEN), stop - 1, names))
             stop = _value(buf, stop - 1 + len(_VALUE_OPEN) - 2, end, kind, slot, row, out)
             if stop >= 0 and buf[stop] == 125:
                 return stop + 1
@@ -462,8 +468,8 @@ def _general_attribute(
     buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple
 ) -> int:  # pragma: no cover - compiled
     """_attribute for any member order and spacing."""
-    columns = names[1]
     column = -2  # not yet known
+    kind, slot = -1, 0
     v_start = -1  # a value met before its key, read once the key is known
     has_value = False
     i = _open(buf, i, 123)
@@ -478,6 +484,7 @@ def _general_attribute(
             if not plain:
                 return _FAIL
             column = _column(buf, i + 1, stop - 1, names)
+            kind, slot = _kind_slot(names[1], column)
             i = stop
         elif _is(buf, m_start, m_stop, _VALUE):
             if has_value or buf[i] != 123:
@@ -486,20 +493,15 @@ def _general_attribute(
             if column == -2:
                 v_start = i
                 i = _skip(buf, i, end)
-            elif column >= 0:
-                i = _value(buf, i, end, columns[column, 2], columns[column, 3], row, out)
             else:
-                i = _value(buf, i, end, -1, 0, row, out)  # checked as msgspec would, kept nowhere
+                i = _value(buf, i, end, kind, slot, row, out)
         else:
             i = _skip(buf, i, end)
         i = _next(buf, i)
     if i < 0 or column == -2:
         return _FAIL
-    if column >= 0 and (v_start >= 0 or not has_value):
-        # A value given before its key, or none (msgspec's default AnyValue, holding nothing).
-        if _value(buf, v_start, end, columns[column, 2], columns[column, 3], row, out) == _FAIL and v_start >= 0:
-            return _FAIL
-    elif column < 0 and v_start >= 0 and _value(buf, v_start, end, -1, 0, row, out) < 0:
+    # A value given before its key is read now; none given makes the column absent.
+    if (v_start >= 0 or not has_value) and _value(buf, v_start, end, kind, slot, row, out) < 0:
         return _FAIL
     return i + 1
 
