@@ -33,7 +33,9 @@ STR, INT, BOOL, INTS = 0, 1, 2, 3
 
 _FAIL: Final = -1  # a position that says: this line needs the general decoder
 _GENERAL: Final = -2  # not in the compact form: read it the general way
-_PAD: Final = 64  # zero bytes after the buffer, so a look past a line's end stays in memory
+PAD: Final = 64  # zero bytes after a scanned buffer, so a look past a line's end stays in memory
+# The shortest page event, `{"name":"kvaudit.page"}`: it bounds the rows a buffer can hold.
+_MIN_EVENT_BYTES: Final = len('{"name":""}') + len(EVENT_PAGE)
 
 
 def _ascii(text: str) -> np.ndarray:
@@ -715,19 +717,19 @@ class PageScanner:
         self._n_int = int((self._kinds == INT).sum())
 
     def compile(self) -> None:
-        """Compile now (or load from numba's disk cache), so that forked workers inherit the
-        machine code instead of each loading it again."""
-        self.scan(b"", [], [], [])
+        """Compile now (or load from numba's disk cache), so that reading threads find the
+        machine code ready instead of each waiting for it."""
+        self.scan(np.zeros(PAD, dtype=np.uint8), [], [], [])
 
-    def scan(self, data: bytes, starts: Sequence[int], ends: Sequence[int], spans: Sequence[int]) -> PageColumns:
-        """Scan the lines data[starts[k]:ends[k]] that msgspec decoded with spans[k] spans (-1: skip)."""
-        buf = np.empty(len(data) + _PAD, dtype=np.uint8)
-        buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-        buf[len(data) :] = 0
-        # Every page event names itself, so this bounds the rows; an escaped name falls back.
-        capacity = data.count(b'"' + EVENT_PAGE.encode() + b'"') + 1
-        # An array item is at least `{"intValue":0}` long; np.empty leaves untouched pages unmapped.
-        item_capacity = len(data) // len('{"intValue":0}') + 1
+    def scan(self, buf: np.ndarray, starts: Sequence[int], ends: Sequence[int], spans: Sequence[int]) -> PageColumns:
+        """Scan the lines buf[starts[k]:ends[k]] that msgspec decoded with spans[k] spans (-1: skip).
+
+        `buf` is uint8 and holds PAD zero bytes after its last line. Runs without the GIL.
+        """
+        # np.empty leaves pages never written unmapped, so a generous bound costs nothing.
+        capacity = sum(end - start for start, end in zip(starts, ends)) // _MIN_EVENT_BYTES + 1
+        # An array item is at least `{"intValue":0}` long.
+        item_capacity = len(buf) // len('{"intValue":0}') + 1
         # Each event resets its row's presence marks (string start, int ok, flag, list start):
         # what lies under a mark that says absent is never read.
         strings = np.empty((capacity, self._n_str, 2), dtype=np.int64)

@@ -1,8 +1,9 @@
 """Read OTLP JSON trace files into columns: spans, page descriptors, resources, errors.
 
 Verbose JSON is the bottleneck of the analysis side (DESIGN.md section 5), so each
-file is decoded once, by msgspec into typed structs, split into byte ranges that
-worker processes decode in parallel, and handed to DuckDB as Arrow tables. Bad
+file is decoded once, split into byte ranges that threads decode in parallel (msgspec
+for spans, the compiled page scanner for page events, without the GIL), and handed to
+DuckDB as Arrow tables. Bad
 lines never stop a read: each becomes a `file:line: reason` row in `read_errors`.
 """
 
@@ -16,9 +17,8 @@ import hashlib
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvaudit import page_scan
+from kvaudit.buffer_pool import BufferPool
 from kvaudit.contract import EVENT_PAGE, SCHEMA_VERSION, PageAttr, Res, SpanAttr, TelemetryAttr
 from kvaudit.otlp_schema import DECODER, HEAD_DECODER, AnyValue, ArrayValue, KeyValue, Span, TracesData
 from kvaudit.page_scan import PageColumns, PageScanner
@@ -141,7 +142,8 @@ ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), (
 
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
-PARALLEL_MIN_BYTES: Final = 8 * 1024 * 1024
+# A range is a chunk and the rest of the line it ends in.
+_BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=2 * CHUNK_BYTES)
 # The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~25 s
 # to compile on a fresh install); msgspec's full decode reads this much faster than that.
 SCAN_MIN_BYTES: Final = 4 * 1024 * 1024
@@ -428,14 +430,20 @@ def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) 
     Returns:
         The tables, the offset just past the last line consumed, the lines consumed.
     """
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    stop = data.rfind(b"\n") + 1
-    bounds = list(_line_bounds(data, stop))
-    truncated = final and stop < len(data)
-    if truncated:
-        bounds.append((stop, len(data)))
+    with _BUFFERS.buffer(end - start + page_scan.PAD) as data:
+        size = _read_into(data, path, start, end - start)
+        stop = data.rfind(b"\n", 0, size) + 1
+        bounds = list(_line_bounds(data, stop))
+        truncated = final and stop < size
+        if truncated:
+            bounds.append((stop, size))
+        tables = _read_lines(path, data, bounds, truncated and size, scan)
+        return tables, start + (size if truncated else stop), len(bounds)
+
+
+def _read_lines(path: str, data: bytearray, bounds: list[tuple[int, int]], cut_at: int, scan: bool) -> Tables:
+    """The tables of the lines data[first:last] for each (first, last) of `bounds`, numbered
+    from 1; a line ending at `cut_at` (not 0) is the unterminated end of the file."""
     columns = _Columns(path)
     view = memoryview(data)
     lines: list[_Line] = []
@@ -445,20 +453,22 @@ def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) 
     try:
         for number, (first, last) in enumerate(bounds, start=1):
             line = _Line(number, first, last)
-            cut = truncated and last == len(data)
-            if data[first:last].strip() and _read_line(
-                columns, line, view[first:last], HEAD_DECODER if scan else DECODER, cut
+            if not _blank(view[first:last]) and _read_line(
+                columns, line, view[first:last], HEAD_DECODER if scan else DECODER, last == cut_at
             ):
                 lines.append(line)
         scanned = None
         if scan:
             scanned = page_scanner().scan(
-                data, [line.start for line in lines], [line.end for line in lines], [len(line.spans) for line in lines]
+                np.frombuffer(data, dtype=np.uint8),
+                [line.start for line in lines],
+                [line.end for line in lines],
+                [len(line.spans) for line in lines],
             )
             for line, general in zip(lines, scanned.fallback):
                 if general:
                     _read_line(columns, line, view[line.start : line.end], DECODER, False)  # leaves an error line empty
-        return _tables(columns, lines, scanned), start + (len(data) if truncated else stop), len(bounds)
+        return _tables(columns, lines, scanned)
     finally:
         if collecting:
             gc.enable()
@@ -492,12 +502,29 @@ def _line_resources(lines: list[_Line]) -> dict[int, list[Any]]:
     return resources
 
 
-def _line_bounds(data: bytes, stop: int) -> Iterator[tuple[int, int]]:
+def _read_into(data: bytearray, path: str, start: int, size: int) -> int:
+    """Read bytes [start, start + size) of `path` into `data` and zero the PAD bytes after
+    them, as the page scanner wants; returns the bytes read (fewer if the file is shorter now)."""
+    got = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        while got < size and (n := f.readinto(memoryview(data)[got:size])):
+            got += n
+    data[got : got + page_scan.PAD] = bytes(page_scan.PAD)
+    return got
+
+
+def _line_bounds(data: bytearray, stop: int) -> Iterator[tuple[int, int]]:
     pos = 0
     while pos < stop:
         nl = data.index(b"\n", pos)
         yield pos, nl
         pos = nl + 1
+
+
+def _blank(line: memoryview) -> bool:
+    # Lines start with `{`; only one that starts with white space needs a closer look.
+    return not line or (line[0] in b" \t\r\x0b\x0c" and not bytes(line).strip())
 
 
 @functools.cache
@@ -548,6 +575,7 @@ def read_files(
     final: bool = True,
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    sink: Callable[[Tables], None] | None = None,
 ) -> Tables:
     """Read what is new in `files` since `cursors` (updated in place).
 
@@ -556,35 +584,35 @@ def read_files(
         cursors: per-file read positions; None reads every file from the start.
         final: read an unterminated last line too (a one-shot read); when False it
             is left for the next call, because its writer may be mid-write.
-        workers: processes to decode with (default: one per CPU).
+        workers: threads to decode with (default: one per CPU). The page scanner and
+            file reads run without the GIL, and they are most of a read.
         progress: called with the number of bytes of each range decoded.
+        sink: called with each range's tables, in file order, as soon as they are read
+            (while the next ranges are still decoding).
+
+    Returns:
+        All the tables read.
     """
     cursors = {} if cursors is None else cursors
     tasks = list(_plan(files, cursors))
     size = sum(end - start for _, start, end in tasks)
-    if size < PARALLEL_MIN_BYTES:
-        workers = 1  # starting processes costs more than decoding a small increment
     workers = min(workers or os.cpu_count() or 1, len(tasks))
     scan = size >= SCAN_MIN_BYTES
     if scan:
-        page_scanner().compile()  # before forking: workers inherit the machine code
-    if workers <= 1:
-        results = map(lambda task: read_range(*task, final, scan), tasks)
-    else:
-        pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
-        results = pool.map(read_range, *zip(*tasks), [final] * len(tasks), [scan] * len(tasks))
+        page_scanner().compile()  # once, before the threads want it
     parts: list[Tables] = []
-    try:
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        results = pool.map(read_range, *zip(*tasks), [final] * len(tasks), [scan] * len(tasks))
         for (path, start, end), (tables, stop, lines) in zip(tasks, results):
             cursor = cursors[path]
-            parts.append(_renumber(tables, cursor.next_line - 1))
+            part = _renumber(tables, cursor.next_line - 1)
+            if sink:
+                sink(part)
             cursor.offset = stop
             cursor.next_line += lines
+            parts.append(part)
             if progress:
                 progress(end - start)
-    finally:
-        if workers > 1:
-            pool.shutdown()
     return Tables.concat(parts)
 
 

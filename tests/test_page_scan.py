@@ -14,11 +14,12 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvaudit import reader
+from kvaudit import page_scan, reader
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Res
 from kvaudit.emission import setup_emitter
 from kvaudit.reader import PAGE_ATTR_COLUMNS, read_range
@@ -168,7 +169,8 @@ def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):
             op.add_page(full_page(f"{n:064x}", n, used=bool(n % 2)))
     emitter.shutdown()
     data = path.read_bytes()
-    scanned = reader.page_scanner().scan(data, [0], [len(data) - 1], [1])
+    buf = np.frombuffer(data + bytes(page_scan.PAD), dtype=np.uint8)
+    scanned = reader.page_scanner().scan(buf, [0], [len(data) - 1], [1])
     assert not scanned.fallback.any() and len(scanned.line) == 4
     assert scanned.columns[list(PAGE_ATTR_COLUMNS).index("shape")].to_pylist()[0] == [2, 2, 32, 64]
 

@@ -1,0 +1,45 @@
+"""Byte buffers reused from one read to the next.
+
+A fresh buffer of the reader's size (16 MiB) costs a page fault per page on first
+touch, which on the machines we measured took as long as reading the file into it.
+Reads of consecutive byte ranges reuse a few buffers instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class BufferPool:
+    """At most `keep` idle buffers of at most `max_bytes` each, shared by threads.
+
+    Args:
+        keep: idle buffers kept (one per reading thread is enough).
+        max_bytes: larger buffers (a range with one huge line) are not kept.
+    """
+
+    def __init__(self, keep: int, max_bytes: int) -> None:
+        self._keep = keep
+        self._max_bytes = max_bytes
+        self._idle: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def buffer(self, size: int) -> Iterator[bytearray]:
+        """A buffer of at least `size` bytes, of undefined content, for the `with` block.
+
+        Nothing may keep a view of it past the block: the next reader gets it.
+        """
+        with self._lock:
+            fits = [b for b in self._idle if len(b) >= size]
+            if fits:
+                self._idle.remove(fits[0])
+        data = fits[0] if fits else bytearray(size)
+        try:
+            yield data
+        finally:
+            with self._lock:
+                if len(data) <= self._max_bytes and len(self._idle) < self._keep:
+                    self._idle.append(data)
