@@ -23,6 +23,7 @@ from typing import Final
 import numba
 import numpy as np
 import pyarrow as pa
+from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -53,8 +54,12 @@ _NULL, _TRUE, _FALSE = map(_ascii, ("null", "true", "false"))
 # The compact form every writer we know uses (the OpenTelemetry Collector, the SDK's
 # encoders, kvaudit): read with a few fixed comparisons instead of the general walk.
 _KEY_OPEN, _VALUE_OPEN = map(_ascii, ('{"key":"', '","value":{"'))
-_COMPACT_STRING, _COMPACT_INT, _COMPACT_BOOL = map(_ascii, ('stringValue":', 'intValue":', 'boolValue":'))
-_COMPACT_ARRAY = _ascii('arrayValue":{')
+_COMPACT_STRING, _COMPACT_INT, _COMPACT_BOOL, _COMPACT_ARRAY = (
+    'stringValue":',
+    'intValue":',
+    'boolValue":',
+    'arrayValue":{',
+)
 _PAGE_EVENT: Final = _ascii(EVENT_PAGE)
 
 
@@ -80,15 +85,67 @@ def _unmanaged(typingctx: object, array: types.Array) -> tuple:  # pragma: no co
 
 @numba.njit(cache=True, nogil=True)
 def _ws(buf: np.ndarray, i: int) -> int:  # pragma: no cover - compiled
-    while buf[i] == 32 or buf[i] == 10 or buf[i] == 13 or buf[i] == 9:
+    """Past white space. Not past a newline: no line holds one, so it is the line's end."""
+    while buf[i] == 32 or buf[i] == 13 or buf[i] == 9:
         i += 1
     return i
 
 
+@intrinsic
+def _load8(typingctx: object, buf: types.Array, i: types.Integer) -> tuple:  # pragma: no cover - compiled
+    """The 8 bytes at buf[i] as one little-endian uint64, at any alignment."""
+
+    def codegen(context, builder, signature, args):  # numba's codegen protocol
+        view = context.make_array(signature.args[0])(context, builder, value=args[0])
+        at = builder.gep(view.data, [args[1]])
+        return builder.load(builder.bitcast(at, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(buf, i), codegen
+
+
+_ONES: Final = np.uint64(0x0101010101010101)
+_HIGH: Final = np.uint64(0x8080808080808080)
+_QUOTES: Final = np.uint64(0x2222222222222222)
+_BACKSLASHES: Final = np.uint64(0x5C5C5C5C5C5C5C5C)
+_SPACES: Final = np.uint64(0x2020202020202020)
+
+
+@numba.njit(cache=True, nogil=True)
+def _plain_word(word: np.uint64) -> bool:  # pragma: no cover - compiled
+    """Whether 8 bytes hold no quote, no backslash, no control character and no byte above
+    127 (the usual bit trick: x - 0x01.. & ~x & 0x80.. is nonzero when some byte of x is
+    zero, and x - 0x20.. & ~x & 0x80.. when some byte is below 0x20)."""
+    q = word ^ _QUOTES
+    b = word ^ _BACKSLASHES
+    return ((q - _ONES) & ~q | (b - _ONES) & ~b | (word - _SPACES) & ~word | word) & _HIGH == 0
+
+
+def _words(text: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """`text` as `count` little-endian uint64 words, and the masks of the bytes it fills."""
+    padded = text.ljust(8 * count, b"\0")
+    filled = (b"\xff" * len(text)).ljust(8 * count, b"\0")
+    return np.frombuffer(padded, dtype="<u8").copy(), np.frombuffer(filled, dtype="<u8").copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _words_at(buf: np.ndarray, i: int, words: np.ndarray, masks: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """Whether the text of _words(text) starts at buf[i], compared a word at a time (it may
+    look up to 8 * len(words) bytes ahead: PAD covers that)."""
+    differ = np.uint64(0)
+    for k in range(len(words)):
+        if masks[k] == 0:
+            break
+        differ |= (_load8(buf, i + 8 * k) ^ words[k]) & masks[k]
+    return differ == 0
+
+
 @numba.njit(cache=True, nogil=True)
 def _string(buf: np.ndarray, i: int, end: int) -> tuple[int, bool]:  # pragma: no cover - compiled
-    """Past the string whose quote is at buf[i]; and whether it is ASCII without escapes."""
+    """Past the string whose quote is at buf[i]; and whether it is plain: ASCII without escapes
+    or control characters (JSON allows none raw; a plain string is valid JSON)."""
     i += 1
+    while i + 8 <= end and _plain_word(_load8(buf, i)):
+        i += 8
     plain = True
     while i < end:
         c = buf[i]
@@ -97,7 +154,7 @@ def _string(buf: np.ndarray, i: int, end: int) -> tuple[int, bool]:  # pragma: n
         if c == 92:
             plain = False
             i += 1
-        elif c >= 128:
+        elif c >= 128 or c < 32:
             plain = False
         i += 1
     return _FAIL, False
@@ -157,18 +214,24 @@ def _member(buf: np.ndarray, i: int, end: int) -> tuple[int, int, int]:  # pragm
     if stop < 0 or not plain:
         return 0, 0, _FAIL
     colon = _ws(buf, stop)
+    if buf[colon] != 58:
+        return 0, 0, _FAIL
     return i + 1, stop - 1, _ws(buf, colon + 1)
 
 
 @numba.njit(cache=True, nogil=True)
 def _next(buf: np.ndarray, i: int) -> int:  # pragma: no cover - compiled
-    """Past a member or item just read and its comma: at the next one or the closing bracket."""
+    """Past a member or item just read and its comma: at the next one or the closing bracket.
+    What JSON does not allow there (no comma, or a comma before a closing bracket) fails."""
     if i < 0:
         return _FAIL
     i = _ws(buf, i)
-    if buf[i] == 44:
+    c = buf[i]
+    if c == 44:
         i = _ws(buf, i + 1)
-    return i
+        c = buf[i]
+        return _FAIL if c == 93 or c == 125 else i
+    return i if c == 93 or c == 125 else _FAIL
 
 
 @numba.njit(cache=True, nogil=True)
@@ -213,8 +276,17 @@ def _int64(buf: np.ndarray, i: int, end: int) -> tuple[int, bool, int]:  # pragm
     stop = _skip(buf, i, end)
     if _is(buf, i, stop, _NULL):
         return stop, False, 0
-    ok, value = _integer(buf, i, stop)
+    ok, value = _number(buf, i, stop)
     return (stop if ok else _FAIL), ok, value
+
+
+@numba.njit(cache=True, nogil=True)
+def _number(buf: np.ndarray, start: int, stop: int) -> tuple[bool, int]:  # pragma: no cover - compiled
+    """_integer for a JSON number, which allows no leading zero."""
+    first = start + (buf[start] == 45)
+    if buf[first] == 48 and stop - first > 1:
+        return False, 0
+    return _integer(buf, start, stop)
 
 
 # --- the OTLP tree --------------------------------------------------------------------
@@ -303,6 +375,12 @@ def _any_value(
     return i + 1, s_start, s_stop, int_ok, int_value, flag, array_at
 
 
+_STRING_WORDS, _INT_WORDS, _BOOL_WORDS, _ARRAY_WORDS = (
+    _words(text.encode(), 2) for text in (_COMPACT_STRING, _COMPACT_INT, _COMPACT_BOOL, _COMPACT_ARRAY)
+)
+_KEY_OPEN_WORD: Final = _words(b'{"key":"', 1)[0][0]
+
+
 @numba.njit(cache=True, nogil=True)
 def _compact_value(
     buf: np.ndarray, i: int, end: int, array: bool
@@ -313,7 +391,7 @@ def _compact_value(
     c = buf[f]
     if buf[i] != 123 or buf[i + 1] != 34:
         return general
-    if c == 115 and _at(buf, f, _COMPACT_STRING):
+    if c == 115 and _words_at(buf, f, *_STRING_WORDS):
         v = f + len(_COMPACT_STRING)
         if buf[v] != 34:
             return general
@@ -321,19 +399,19 @@ def _compact_value(
         if not plain or buf[stop] != 125:
             return general
         return stop + 1, v + 1, stop - 1, False, 0, -1, -1
-    if c == 105 and _at(buf, f, _COMPACT_INT):
+    if c == 105 and _words_at(buf, f, *_INT_WORDS):
         stop, ok, value = _int64(buf, f + len(_COMPACT_INT), end)
         if stop < 0 or buf[stop] != 125:
             return general
         return stop + 1, -1, -1, ok, value, -1, -1
-    if c == 98 and _at(buf, f, _COMPACT_BOOL):
+    if c == 98 and _words_at(buf, f, *_BOOL_WORDS):
         v = f + len(_COMPACT_BOOL)
         if _at(buf, v, _TRUE) and buf[v + 4] == 125:
             return v + 5, -1, -1, False, 0, 1, -1
         if _at(buf, v, _FALSE) and buf[v + 5] == 125:
             return v + 6, -1, -1, False, 0, 0, -1
         return general
-    if array and c == 97 and _at(buf, f, _COMPACT_ARRAY):
+    if array and c == 97 and _words_at(buf, f, *_ARRAY_WORDS):
         array_at = f + len(_COMPACT_ARRAY) - 1  # the ArrayValue object
         stop = _skip(buf, array_at, end)
         if stop < 0 or buf[stop] != 125:
@@ -397,10 +475,12 @@ def _name_hash(buf: np.ndarray, start: int, stop: int, salt: int) -> int:  # pra
 def _column(buf: np.ndarray, start: int, stop: int, names: tuple) -> int:  # pragma: no cover - compiled
     """The column whose attribute name is buf[start:stop], or -1.
 
-    `names` is (keys, columns, table): every column's attribute name concatenated, per
-    column (name start, name stop, kind, slot), and the hash table of _hash_table.
+    `names` is (keys, columns, table, heads, head masks, follow): every column's attribute
+    name concatenated, per column (name start, name stop, kind, slot), the hash table of
+    _hash_table, each column's name and `","value":{"` as _words, and per attribute
+    (its column + 1, 0 at an event's start) the column that followed it last.
     """
-    keys, columns, table = names
+    keys, columns, table = names[0], names[1], names[2]
     c = table[_name_hash(buf, start, stop, table[_TABLE])]
     if c >= 0 and _is(buf, start, stop, keys[columns[c, 0] : columns[c, 1]]):
         return c
@@ -452,17 +532,34 @@ def _value(
 
 @numba.njit(cache=True, nogil=True)
 def _attribute(
-    buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple
-) -> int:  # pragma: no cover - compiled
-    """A KeyValue object at buf[i]; a page attribute's value is written to row `row` of `out`."""
-    if _at(buf, i, _KEY_OPEN):
-        stop, plain = _string(buf, i + len(_KEY_OPEN) - 1, end)
-        if plain and _at(buf, stop - 1, _VALUE_OPEN):
-            kind, slot = _kind_slot(names[1], _column(buf, i + len(_KEY_OPEN), stop - 1, names))
-            stop = _value(buf, stop - 1 + len(_VALUE_OPEN) - 2, end, kind, slot, row, out)
+    buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple, after: int
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """A KeyValue object at buf[i]; a page attribute's value is written to row `row` of `out`.
+
+    Writers put attributes in the same order every time, so the column that followed
+    the previous attribute's (`after`: its column + 1, 0 at an event's start) last time
+    is tried first, its name and what follows compared a word at a time. Returns the
+    end and what `after` is for the next attribute.
+    """
+    if _load8(buf, i) == _KEY_OPEN_WORD:
+        columns, heads, head_masks, follow = names[1], names[3], names[4], names[5]
+        name = i + len(_KEY_OPEN)
+        column = follow[after]
+        at = -1  # the value object
+        if column >= 0 and _words_at(buf, name, heads[column], head_masks[column]):
+            at = name + columns[column, 1] - columns[column, 0] + len(_VALUE_OPEN) - 2
+        else:
+            stop, plain = _string(buf, name - 1, end)
+            if plain and _at(buf, stop - 1, _VALUE_OPEN):
+                column = _column(buf, name, stop - 1, names)
+                follow[after] = column
+                at = stop - 1 + len(_VALUE_OPEN) - 2
+        if at >= 0:
+            kind, slot = _kind_slot(columns, column)
+            stop = _value(buf, at, end, kind, slot, row, out)
             if stop >= 0 and buf[stop] == 125:
-                return stop + 1
-    return _general_attribute(buf, i, end, names, row, out)
+                return stop + 1, column + 1
+    return _general_attribute(buf, i, end, names, row, out), 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -545,13 +642,15 @@ def _event(
                 return _FAIL, False, 0
             seen |= 4
             i = _open(buf, i, 91)
+            after = 0
             while i >= 0 and buf[i] != 93:
-                i = _next(buf, _attribute(buf, i, end, names, row, out))
+                i, after = _attribute(buf, i, end, names, row, out, after)
+                i = _next(buf, i)
             if i >= 0:
                 i += 1
         elif _is(buf, m_start, m_stop, _DROPPED):
             stop = _skip(buf, i, end)
-            if not _integer(buf, i, stop)[0]:
+            if not _number(buf, i, stop)[0]:
                 return _FAIL, False, 0
             i = stop
         else:
@@ -644,7 +743,14 @@ def _scan(
     no rows.
     """
     buf = _unmanaged(buf)
-    names = (_unmanaged(names[0]), _unmanaged(names[1]), _unmanaged(names[2]))
+    names = (
+        _unmanaged(names[0]),
+        _unmanaged(names[1]),
+        _unmanaged(names[2]),
+        _unmanaged(names[3]),
+        _unmanaged(names[4]),
+        _unmanaged(names[5]),
+    )
     rows = _unmanaged(rows)
     out = (
         _unmanaged(out[0]),
@@ -713,8 +819,18 @@ class PageScanner:
         # Per column: where its name lies in `keys`, its kind, its slot among its kind.
         self._columns = np.stack([bounds[:-1], bounds[1:], self._kinds, self._slots], axis=1).astype(np.int64)
         self._table = _hash_table(self._keys, self._columns)
+        heads = [name + b'","value":{"' for name in names]
+        if max(map(len, heads)) > PAD:
+            raise ValueError(f"attribute names of at most {PAD - len(_VALUE_OPEN)} bytes")
+        words = [_words(head, PAD // 8) for head in heads]
+        self._heads = np.stack([w for w, _ in words])
+        self._head_masks = np.stack([m for _, m in words])
         self._n_str = int((self._kinds == STR).sum())
         self._n_int = int((self._kinds == INT).sum())
+
+    def _follow(self) -> np.ndarray:
+        """A fresh table of which column followed which (see _column), one per scan: threads share a scanner."""
+        return np.full(len(self._kinds) + 1, -1, dtype=np.int64)
 
     def compile(self) -> None:
         """Compile now (or load from numba's disk cache), so that reading threads find the
@@ -748,7 +864,7 @@ class PageScanner:
             np.asarray(starts, dtype=np.int64),
             np.asarray(ends, dtype=np.int64),
             np.asarray(spans, dtype=np.int64),
-            (self._keys, self._columns, self._table),
+            (self._keys, self._columns, self._table, self._heads, self._head_masks, self._follow()),
             rows,
             out,
             fallback,

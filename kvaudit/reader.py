@@ -18,6 +18,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -447,31 +448,24 @@ def _read_lines(path: str, data: bytearray, bounds: list[tuple[int, int]], cut_a
     columns = _Columns(path)
     view = memoryview(data)
     lines: list[_Line] = []
-    # Decoding allocates many acyclic objects; collection passes would only rescan them.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for number, (first, last) in enumerate(bounds, start=1):
-            line = _Line(number, first, last)
-            if not _blank(view[first:last]) and _read_line(
-                columns, line, view[first:last], HEAD_DECODER if scan else DECODER, last == cut_at
-            ):
-                lines.append(line)
-        scanned = None
-        if scan:
-            scanned = page_scanner().scan(
-                np.frombuffer(data, dtype=np.uint8),
-                [line.start for line in lines],
-                [line.end for line in lines],
-                [len(line.spans) for line in lines],
-            )
-            for line, general in zip(lines, scanned.fallback):
-                if general:
-                    _read_line(columns, line, view[line.start : line.end], DECODER, False)  # leaves an error line empty
-        return _tables(columns, lines, scanned)
-    finally:
-        if collecting:
-            gc.enable()
+    for number, (first, last) in enumerate(bounds, start=1):
+        line = _Line(number, first, last)
+        if not _blank(view[first:last]) and _read_line(
+            columns, line, view[first:last], HEAD_DECODER if scan else DECODER, last == cut_at
+        ):
+            lines.append(line)
+    scanned = None
+    if scan:
+        scanned = page_scanner().scan(
+            np.frombuffer(data, dtype=np.uint8),
+            [line.start for line in lines],
+            [line.end for line in lines],
+            [len(line.spans) for line in lines],
+        )
+        for line, general in zip(lines, scanned.fallback):
+            if general:
+                _read_line(columns, line, view[line.start : line.end], DECODER, False)  # leaves an error line empty
+    return _tables(columns, lines, scanned)
 
 
 def _tables(columns: _Columns, lines: list[_Line], scanned: PageColumns | None) -> Tables:
@@ -601,7 +595,7 @@ def read_files(
     if scan:
         page_scanner().compile()  # once, before the threads want it
     parts: list[Tables] = []
-    with ThreadPoolExecutor(max(workers, 1)) as pool:
+    with _collection_paused(), ThreadPoolExecutor(max(workers, 1)) as pool:
         results = pool.map(read_range, *zip(*tasks), [final] * len(tasks), [scan] * len(tasks))
         for (path, start, end), (tables, stop, lines) in zip(tasks, results):
             cursor = cursors[path]
@@ -614,6 +608,19 @@ def read_files(
             if progress:
                 progress(end - start)
     return Tables.concat(parts)
+
+
+@contextmanager
+def _collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection meanwhile: decoding allocates many acyclic objects, and
+    collection passes would only rescan them."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _renumber(tables: Tables, base: int) -> Tables:
