@@ -34,6 +34,9 @@ STR, INT, BOOL, INTS = 0, 1, 2, 3
 
 _FAIL: Final = -1  # a position that says: this line needs the general decoder
 _GENERAL: Final = -2  # not in the compact form: read it the general way
+# The scan's `state` array: array items written, whether the line took a lenient path
+# (see _scan), events arrays cut out.
+_ITEMS, _LENIENT, _CUTS = 0, 1, 2
 PAD: Final = 64  # zero bytes after a scanned buffer, so a look past a line's end stays in memory
 # The shortest page event, `{"name":"kvaudit.page"}`: it bounds the rows a buffer can hold.
 _MIN_EVENT_BYTES: Final = len('{"name":""}') + len(EVENT_PAGE)
@@ -381,7 +384,10 @@ _STRING_WORDS, _INT_WORDS, _BOOL_WORDS, _ARRAY_WORDS = (
 _KEY_OPEN_WORD: Final = _words(b'{"key":"', 1)[0][0]
 
 
-@numba.njit(cache=True, nogil=True)
+# The three functions run per attribute are inlined (numba's own inliner): a call passes
+# every array of `out` and `names` by value, and inlining them took ~20% off a scan.
+# Inlining more cost minutes of compile time for no measurable gain.
+@numba.njit(cache=True, nogil=True, inline="always")
 def _compact_value(
     buf: np.ndarray, i: int, end: int, array: bool
 ) -> tuple[int, int, int, bool, int, int, int]:  # pragma: no cover - compiled
@@ -391,7 +397,7 @@ def _compact_value(
     c = buf[f]
     if buf[i] != 123 or buf[i + 1] != 34:
         return general
-    if c == 115 and _words_at(buf, f, *_STRING_WORDS):
+    if c == 115 and _words_at(buf, f, _STRING_WORDS[0], _STRING_WORDS[1]):
         v = f + len(_COMPACT_STRING)
         if buf[v] != 34:
             return general
@@ -399,19 +405,19 @@ def _compact_value(
         if not plain or buf[stop] != 125:
             return general
         return stop + 1, v + 1, stop - 1, False, 0, -1, -1
-    if c == 105 and _words_at(buf, f, *_INT_WORDS):
+    if c == 105 and _words_at(buf, f, _INT_WORDS[0], _INT_WORDS[1]):
         stop, ok, value = _int64(buf, f + len(_COMPACT_INT), end)
         if stop < 0 or buf[stop] != 125:
             return general
         return stop + 1, -1, -1, ok, value, -1, -1
-    if c == 98 and _words_at(buf, f, *_BOOL_WORDS):
+    if c == 98 and _words_at(buf, f, _BOOL_WORDS[0], _BOOL_WORDS[1]):
         v = f + len(_COMPACT_BOOL)
         if _at(buf, v, _TRUE) and buf[v + 4] == 125:
             return v + 5, -1, -1, False, 0, 1, -1
         if _at(buf, v, _FALSE) and buf[v + 5] == 125:
             return v + 6, -1, -1, False, 0, 0, -1
         return general
-    if array and c == 97 and _words_at(buf, f, *_ARRAY_WORDS):
+    if array and c == 97 and _words_at(buf, f, _ARRAY_WORDS[0], _ARRAY_WORDS[1]):
         array_at = f + len(_COMPACT_ARRAY) - 1  # the ArrayValue object
         stop = _skip(buf, array_at, end)
         if stop < 0 or buf[stop] != 125:
@@ -422,10 +428,12 @@ def _compact_value(
 
 @numba.njit(cache=True, nogil=True)
 def _int_items(
-    buf: np.ndarray, i: int, end: int, items: np.ndarray, items_ok: np.ndarray, n_items: int
+    buf: np.ndarray, i: int, end: int, items: np.ndarray, items_ok: np.ndarray, state: np.ndarray
 ) -> tuple[int, int]:  # pragma: no cover - compiled
-    """An ArrayValue object `{"values": [AnyValue...]}` whose items' intValues go to `items`."""
-    start = n_items
+    """An ArrayValue object `{"values": [AnyValue...]}` whose items' intValues go to `items`
+    from state[_ITEMS] on: (end, items end)."""
+    start = state[_ITEMS]
+    n_items = start
     seen = False
     i = _open(buf, i, 123)
     while i >= 0 and buf[i] != 125:
@@ -433,6 +441,7 @@ def _int_items(
         if i < 0:
             return _FAIL, _FAIL
         if not _is(buf, k_start, k_stop, _VALUES):
+            state[_LENIENT] = True
             i = _next(buf, _skip(buf, i, end))
             continue
         if seen:
@@ -445,6 +454,7 @@ def _int_items(
                 return _FAIL, _FAIL
             stop, _, _, ok, value, _, _ = _compact_value(buf, i, end, False)
             if stop == _GENERAL:
+                state[_LENIENT] = True
                 stop, _, _, ok, value, _, _ = _any_value(buf, i, end, False)
             i = stop
             items[n_items] = value
@@ -493,26 +503,29 @@ def _kind_slot(columns: np.ndarray, column: int) -> tuple[int, int]:  # pragma: 
     return (columns[column, 2], columns[column, 3]) if column >= 0 else (-1, 0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _value(
     buf: np.ndarray, i: int, end: int, kind: int, slot: int, row: int, out: tuple
 ) -> int:  # pragma: no cover - compiled
     """The AnyValue at buf[i] into row `row` of column (kind, slot) of `out` (kind -1: checked,
     kept nowhere). With i < 0 (none given: msgspec's default AnyValue) the column is
     absent and it returns 0."""
-    strings, ints, ints_ok, flags, shapes, items, items_ok, n_items = out
+    strings, ints, ints_ok, flags, shapes, items, items_ok, state = out
     stop, s_start, s_stop, int_ok, int_value, flag, array_at = 0, -1, -1, False, 0, -1, -1
     if i >= 0:
         stop, s_start, s_stop, int_ok, int_value, flag, array_at = _compact_value(buf, i, end, kind == INTS)
         if stop == _GENERAL:
+            state[_LENIENT] = True
             stop, s_start, s_stop, int_ok, int_value, flag, array_at = _any_value(buf, i, end, kind == INTS)
         if stop < 0:
             return _FAIL
     items_end = -1
     if array_at >= 0:
-        items_end = _int_items(buf, array_at, end, items, items_ok, n_items[0])[1]
+        array_end, items_end = _int_items(buf, array_at, end, items, items_ok, state)
         if items_end < 0:
             return _FAIL
+        if array_end != stop - 1:  # the value was skipped, not read, up to its end
+            state[_LENIENT] = True
     # Each write replaces an earlier attribute of the same name: msgspec's last one wins.
     if kind == STR:
         strings[row, slot, 0] = s_start
@@ -523,14 +536,14 @@ def _value(
     elif kind == BOOL:
         flags[row] = flag
     elif kind == INTS:
-        shapes[row, 0] = n_items[0] if items_end >= 0 else -1
+        shapes[row, 0] = state[_ITEMS] if items_end >= 0 else -1
         shapes[row, 1] = items_end
         if items_end >= 0:
-            n_items[0] = items_end
+            state[_ITEMS] = items_end
     return stop
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _attribute(
     buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple, after: int
 ) -> tuple[int, int]:  # pragma: no cover - compiled
@@ -567,6 +580,7 @@ def _general_attribute(
     buf: np.ndarray, i: int, end: int, names: tuple, row: int, out: tuple
 ) -> int:  # pragma: no cover - compiled
     """_attribute for any member order and spacing."""
+    out[7][_LENIENT] = True
     column = -2  # not yet known
     kind, slot = -1, 0
     v_start = -1  # a value met before its key, read once the key is known
@@ -654,6 +668,7 @@ def _event(
                 return _FAIL, False, 0
             i = stop
         else:
+            out[7][_LENIENT] = True
             i = _skip(buf, i, end)
         i = _next(buf, i)
     if i < 0:
@@ -671,14 +686,16 @@ def _line(
     names: tuple,
     rows: np.ndarray,
     out: tuple,
+    cuts: np.ndarray,
 ) -> tuple[int, int]:  # pragma: no cover - compiled
     """The page events of one line, as rows from `n` on: (rows now, spans seen), rows -1 to fall back.
 
     One pass with an explicit stack: depth d is inside an object holding the array
     named _PATH[d] (the line, a ResourceSpans, a ScopeSpans, a Span); the items of a
     Span's `events` are read by _event. Repeated names fall back (msgspec keeps the
-    last); other members are skipped.
+    last); other members are skipped. Each `events` array's brackets go to `cuts`.
     """
+    state = out[7]
     path = (_RESOURCE_SPANS, _SCOPE_SPANS, _SPANS, _EVENTS)
     found = np.zeros(4, dtype=np.bool_)
     depth = 0
@@ -688,6 +705,11 @@ def _line(
     while i >= 0:
         if in_array:
             if buf[i] == 93:
+                if depth == 3:
+                    if state[_CUTS] >= len(cuts):
+                        return _FAIL, spans
+                    cuts[state[_CUTS], 1] = i
+                    state[_CUTS] += 1
                 in_array = False
                 i = _next(buf, i + 1)
             elif depth == 3:
@@ -719,6 +741,8 @@ def _line(
                     return _FAIL, spans
                 found[depth] = True
                 in_array = True
+                if depth == 3 and state[_CUTS] < len(cuts):
+                    cuts[state[_CUTS], 0] = i
                 i = _ws(buf, i + 1)
             elif i >= 0:
                 i = _next(buf, _skip(buf, i, end))
@@ -730,17 +754,21 @@ def _scan(
     buf: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
-    spans_expected: np.ndarray,
     names: tuple,
     rows: np.ndarray,
     out: tuple,
-    fallback: np.ndarray,
+    cuts: np.ndarray,
+    lines: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
-    """Scan lines [starts[k], ends[k]) with spans_expected[k] >= 0; returns the rows written.
+    """Scan lines [starts[k], ends[k]); returns the rows written.
 
-    `rows` gets (line, span, time) per row. A line that needs the general decoder, or
-    whose span count differs from what msgspec saw, is marked in `fallback` and leaves
-    no rows.
+    `rows` gets (line, span, time) per row, `cuts` the brackets of each `events` array.
+    Per line, `lines` gets (spans, whether it was read strictly, cuts end), spans -1
+    for a line that needs the general decoder (it leaves no rows and no cuts).
+
+    A line read strictly had every byte of its `events` arrays read by the exact paths
+    (the compact forms, known members only): those bytes are valid JSON, and msgspec
+    need not see them. A lenient path skipped some of them unchecked.
     """
     buf = _unmanaged(buf)
     names = (
@@ -752,6 +780,7 @@ def _scan(
         _unmanaged(names[5]),
     )
     rows = _unmanaged(rows)
+    cuts = _unmanaged(cuts)
     out = (
         _unmanaged(out[0]),
         _unmanaged(out[1]),
@@ -762,18 +791,20 @@ def _scan(
         _unmanaged(out[6]),
         _unmanaged(out[7]),
     )
-    n_items = out[7]
+    state = out[7]
     n = 0
     for line in range(len(starts)):
-        if spans_expected[line] < 0:
-            continue
-        items_before = n_items[0]
-        after, spans = _line(buf, starts[line], ends[line], line, n, names, rows, out)
-        if after < 0 or spans != spans_expected[line]:
-            fallback[line] = True
-            n_items[0] = items_before
+        items_before, cuts_before = state[_ITEMS], state[_CUTS]
+        state[_LENIENT] = False
+        after, spans = _line(buf, starts[line], ends[line], line, n, names, rows, out, cuts)
+        if after < 0:
+            state[_ITEMS], state[_CUTS] = items_before, cuts_before
+            spans = -1
         else:
             n = after
+        lines[line, 0] = spans
+        lines[line, 1] = not state[_LENIENT]
+        lines[line, 2] = state[_CUTS]
     return n
 
 
@@ -782,19 +813,38 @@ def _scan(
 
 @dataclass
 class PageColumns:
-    """Page rows scanned from one buffer.
+    """Page rows scanned from one buffer, and what the scanner found of each line.
 
-    `line` numbers the buffer's lines from 0 and `span` counts the spans of that line
+    `line` numbers the scanned lines from 0 and `span` counts the spans of that line
     in document order (the order msgspec decodes them in), so (line, span) finds the
     span each page belongs to. `columns` are the page attribute columns, in the order
-    the scanner was given them. `fallback` marks lines left to the general decoder.
+    the scanner was given them. Per line: `spans` (-1: left to the general decoder),
+    `strict` (see _scan), and in `cuts[cut_ends[k - 1]:cut_ends[k]]` the brackets of
+    its `events` arrays.
     """
 
     line: np.ndarray
     span: np.ndarray
     time_ns: np.ndarray
     columns: list[pa.Array]
-    fallback: np.ndarray
+    spans: np.ndarray
+    strict: np.ndarray
+    cuts: np.ndarray
+    cut_ends: np.ndarray
+
+    def head(self, k: int, view: memoryview, start: int, end: int) -> bytes | memoryview:
+        """Scanned line k, view[start:end], for msgspec to decode its spans and resources from:
+        when read strictly, without what its `events` arrays held (`"events":[]`), which
+        msgspec would otherwise spend most of its time skipping."""
+        first, last = (self.cut_ends[k - 1] if k else 0), self.cut_ends[k]
+        if not self.strict[k] or first == last:
+            return view[start:end]
+        pieces, at = [], start
+        for open_, close in self.cuts[first:last].tolist():
+            pieces.append(view[at : open_ + 1])
+            at = close
+        pieces.append(view[at:end])
+        return b"".join(pieces)
 
 
 class PageScanner:
@@ -835,12 +885,12 @@ class PageScanner:
     def compile(self) -> None:
         """Compile now (or load from numba's disk cache), so that reading threads find the
         machine code ready instead of each waiting for it."""
-        self.scan(np.zeros(PAD, dtype=np.uint8), [], [], [])
+        self.scan(np.zeros(PAD, dtype=np.uint8), [], [])
 
-    def scan(self, buf: np.ndarray, starts: Sequence[int], ends: Sequence[int], spans: Sequence[int]) -> PageColumns:
-        """Scan the lines buf[starts[k]:ends[k]] that msgspec decoded with spans[k] spans (-1: skip).
+    def scan(self, buf: np.ndarray, starts: Sequence[int], ends: Sequence[int]) -> PageColumns:
+        """Scan the lines buf[starts[k]:ends[k]].
 
-        `buf` is uint8 and holds PAD zero bytes after its last line. Runs without the GIL.
+        `buf` is writable uint8 and holds PAD zero bytes after its last line. Runs without the GIL.
         """
         # np.empty leaves pages never written unmapped, so a generous bound costs nothing.
         capacity = sum(end - start for start, end in zip(starts, ends)) // _MIN_EVENT_BYTES + 1
@@ -855,19 +905,21 @@ class PageScanner:
         shapes = np.empty((capacity, 2), dtype=np.int64)
         items = np.empty(item_capacity, dtype=np.int64)
         items_ok = np.empty(item_capacity, dtype=np.bool_)
-        n_items = np.zeros(1, dtype=np.int64)
+        state = np.zeros(3, dtype=np.int64)
         rows = np.empty((capacity, 3), dtype=np.int64)
-        fallback = np.zeros(len(starts), dtype=np.bool_)
-        out = (strings, ints, ints_ok, flags, shapes, items, items_ok, n_items)
+        # A span with events is at least `{"events":[]}` long.
+        cuts = np.empty((len(buf) // len('{"events":[]}') + 1, 2), dtype=np.int64)
+        lines = np.empty((len(starts), 3), dtype=np.int64)
+        out = (strings, ints, ints_ok, flags, shapes, items, items_ok, state)
         n = _scan(
             buf,
             np.asarray(starts, dtype=np.int64),
             np.asarray(ends, dtype=np.int64),
-            np.asarray(spans, dtype=np.int64),
             (self._keys, self._columns, self._table, self._heads, self._head_masks, self._follow()),
             rows,
             out,
-            fallback,
+            cuts,
+            lines,
         )
         columns: list[pa.Array] = []
         for column, kind in enumerate(self._kinds):
@@ -880,7 +932,9 @@ class PageScanner:
                 columns.append(pa.array(flags[:n] == 1, mask=flags[:n] < 0))
             else:
                 columns.append(_lists(shapes[:n], items, items_ok))
-        return PageColumns(rows[:n, 0], rows[:n, 1], rows[:n, 2], columns, fallback)
+        return PageColumns(
+            rows[:n, 0], rows[:n, 1], rows[:n, 2], columns, lines[:, 0], lines[:, 1] == 1, cuts, lines[:, 2]
+        )
 
 
 def _hash_table(keys: np.ndarray, columns: np.ndarray) -> np.ndarray:

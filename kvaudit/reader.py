@@ -319,15 +319,14 @@ class UnreadableLineError(ValueError):
 
 @dataclass
 class _Line:
-    """One decoded line: its place in the buffer, its span rows and, when msgspec decoded
-    its events too, its page rows."""
+    """One decoded line: its span rows, and its page rows when msgspec decoded its events
+    too; otherwise `scanned` is its number among the lines the page scanner read."""
 
     number: int
-    start: int
-    end: int
     spans: list[list[Any]] = field(default_factory=list)
     pages: list[list[Any]] | None = None
     resources: dict[int, list[Any]] = field(default_factory=dict)
+    scanned: int | None = None
 
 
 def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesData:
@@ -385,13 +384,15 @@ def _spans(columns: _Columns, line: _Line, data: TracesData) -> Iterator[tuple[l
 
 def _read_line(
     columns: _Columns, line: _Line, raw: bytes | memoryview, decoder: msgspec.json.Decoder, cut: bool
-) -> bool:
+) -> str | None:
     """Decode a line into `line.spans`, and `line.pages` when `decoder` decodes events too.
 
-    An unreadable line is recorded in `columns.errors` (as truncated when `cut`: it is
-    the unterminated end of a file) and gives False.
+    Returns:
+        None, or why the line is unreadable (truncated when `cut`: it is the
+        unterminated end of a file); then it leaves `line` empty.
     """
     line.spans, line.pages, line.resources = [], None, {}
+    reason = None
     try:
         data = _decode(decoder, raw)
         spans: list[list[Any]] = []
@@ -405,16 +406,14 @@ def _read_line(
                         pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, _N_PAGE)])
     except UnreadableLineError as exc:
         reason = "truncated last line (writer stopped mid-line?)" if cut else str(exc)
-        columns.errors.append((columns.file, line.number, reason))
-        line.resources = {}
-        return False
     except (ValueError, TypeError, AttributeError) as exc:
-        columns.errors.append((columns.file, line.number, f"bad value: {exc}"))
+        reason = f"bad value: {exc}"
+    if reason is not None:
         line.resources = {}
-        return False
+        return reason
     line.spans = spans
     line.pages = pages if decoder is DECODER else None
-    return True
+    return None
 
 
 def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) -> tuple[Tables, int, int]:
@@ -444,38 +443,58 @@ def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) 
 
 def _read_lines(path: str, data: bytearray, bounds: list[tuple[int, int]], cut_at: int, scan: bool) -> Tables:
     """The tables of the lines data[first:last] for each (first, last) of `bounds`, numbered
-    from 1; a line ending at `cut_at` (not 0) is the unterminated end of the file."""
+    from 1; a line ending at `cut_at` (not 0) is the unterminated end of the file.
+
+    With `scan`, the page scanner reads every line first. msgspec then decodes the
+    spans and resources of each line it read, without the events arrays it read
+    strictly; a line it gave up on, or that decodes otherwise (an error, another span
+    count), gets msgspec's full decode, which also words its error.
+    """
     columns = _Columns(path)
     view = memoryview(data)
-    lines: list[_Line] = []
-    for number, (first, last) in enumerate(bounds, start=1):
-        line = _Line(number, first, last)
-        if not _blank(view[first:last]) and _read_line(
-            columns, line, view[first:last], HEAD_DECODER if scan else DECODER, last == cut_at
-        ):
-            lines.append(line)
+    candidates = [(n, first, last) for n, (first, last) in enumerate(bounds, start=1) if not _blank(view[first:last])]
     scanned = None
     if scan:
-        scanned = page_scanner().scan(
-            np.frombuffer(data, dtype=np.uint8),
-            [line.start for line in lines],
-            [line.end for line in lines],
-            [len(line.spans) for line in lines],
-        )
-        for line, general in zip(lines, scanned.fallback):
-            if general:
-                _read_line(columns, line, view[line.start : line.end], DECODER, False)  # leaves an error line empty
+        buf = np.frombuffer(data, dtype=np.uint8)
+        scanned = page_scanner().scan(buf, [first for _, first, _ in candidates], [last for _, _, last in candidates])
+    lines: list[_Line] = []
+    for k, (number, first, last) in enumerate(candidates):
+        line = _Line(number)
+        cut = last == cut_at
+        if scanned is not None and scanned.spans[k] >= 0:
+            head = scanned.head(k, view, first, last)
+            if _read_line(columns, line, head, HEAD_DECODER, cut) is None and len(line.spans) == scanned.spans[k]:
+                line.scanned = k
+                lines.append(line)
+                continue
+        reason = _read_line(columns, line, view[first:last], DECODER, cut)
+        if reason is None:
+            lines.append(line)
+        else:
+            columns.errors.append((path, number, reason))
     return _tables(columns, lines, scanned)
 
 
 def _tables(columns: _Columns, lines: list[_Line], scanned: PageColumns | None) -> Tables:
     """The range's tables: scanned page rows get their span's columns by (line, span)."""
     spans = _table(SPANS_SCHEMA, [row for line in lines for row in line.spans])
-    pages = _table(PAGES_SCHEMA, [row for line in lines if line.pages for row in line.pages])
+    pages = _table(PAGES_SCHEMA, [row for line in lines if line.pages is not None for row in line.pages])
     if scanned is not None:
-        span_base = np.cumsum([0, *(len(line.spans) for line in lines)])
-        heads = spans.select(_PAGE_COLUMNS_FROM_SPAN).take(span_base[scanned.line] + scanned.span)
-        fast = pa.Table.from_arrays([*heads.columns, pa.array(scanned.time_ns), *scanned.columns], schema=PAGES_SCHEMA)
+        # Per scanned line, where its span rows start (-1: its scanned rows are not used).
+        first_span = np.full(len(scanned.spans), -1, dtype=np.int64)
+        offset = 0
+        for line in lines:
+            if line.scanned is not None:
+                first_span[line.scanned] = offset
+            offset += len(line.spans)
+        rows = first_span[scanned.line] + scanned.span
+        time_ns, attributes = pa.array(scanned.time_ns), scanned.columns
+        used = first_span[scanned.line] >= 0
+        if not used.all():
+            rows, time_ns = rows[used], time_ns.filter(pa.array(used))
+            attributes = [column.filter(pa.array(used)) for column in attributes]
+        heads = spans.select(_PAGE_COLUMNS_FROM_SPAN).take(rows)
+        fast = pa.Table.from_arrays([*heads.columns, time_ns, *attributes], schema=PAGES_SCHEMA)
         if pages.num_rows:
             # Keep file order: rows of lines the scanner gave up on belong between its own.
             fast = pa.concat_tables([fast, pages])

@@ -160,6 +160,27 @@ def test_the_scanner_reads_what_the_general_decoder_reads(lines: list[str], tmp_
     assert _read(path, scan=True) == _read(path, scan=False)
 
 
+# What breaks JSON where it is written: brackets, quotes, separators, escapes, bad numbers,
+# control characters, non-ASCII text, a line break (a line cut in two).
+BREAKERS = st.sampled_from(list('"{}[],:\\ 0-.e\t\x01\né'))
+
+
+@settings(max_examples=400, deadline=None)
+@given(line=_line(), data=st.data())
+def test_a_broken_line_reads_as_the_general_decoder_reads_it(
+    line: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+):
+    """Lines the scanner reads strictly reach msgspec without their events: the scanner
+    must then reject every malformed byte there, as msgspec would."""
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(line)))
+        kind = data.draw(st.sampled_from(["delete", "insert", "replace"]))
+        line = line[:at] + ("" if kind == "delete" else data.draw(BREAKERS)) + line[at + (kind != "insert") :]
+    path = tmp_path_factory.mktemp("broken") / "traces.jsonl"
+    path.write_text(line + data.draw(st.sampled_from(["\n", ""])), encoding="utf-8")  # "": a truncated last line
+    assert _read(path, scan=True) == _read(path, scan=False)
+
+
 def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):
 
     path = trace_dir / "r1.jsonl"
@@ -169,9 +190,9 @@ def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):
             op.add_page(full_page(f"{n:064x}", n, used=bool(n % 2)))
     emitter.shutdown()
     data = path.read_bytes()
-    buf = np.frombuffer(data + bytes(page_scan.PAD), dtype=np.uint8)
-    scanned = reader.page_scanner().scan(buf, [0], [len(data) - 1], [1])
-    assert not scanned.fallback.any() and len(scanned.line) == 4
+    buf = np.frombuffer(bytearray(data + bytes(page_scan.PAD)), dtype=np.uint8)  # writable, as the reader passes it
+    scanned = reader.page_scanner().scan(buf, [0], [len(data) - 1])
+    assert scanned.spans.tolist() == [1] and scanned.strict.all() and len(scanned.line) == 4
     assert scanned.columns[list(PAGE_ATTR_COLUMNS).index("shape")].to_pylist()[0] == [2, 2, 32, 64]
 
 
