@@ -921,11 +921,12 @@ class PageScanner:
             cuts,
             lines,
         )
+        texts = _Strings(buf, strings, n)
         columns: list[pa.Array] = []
         for column, kind in enumerate(self._kinds):
             slot = self._slots[column]
             if kind == STR:
-                columns.append(_strings(buf, strings[:n, slot, 0], strings[:n, slot, 1]))
+                columns.append(texts.column(slot))
             elif kind == INT:
                 columns.append(pa.array(ints[:n, slot], mask=~ints_ok[:n, slot]))
             elif kind == BOOL:
@@ -954,29 +955,45 @@ def _hash_table(keys: np.ndarray, columns: np.ndarray) -> np.ndarray:
 
 @numba.njit(cache=True, nogil=True)
 def _gather(
-    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray
+    buf: np.ndarray, strings: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """Arrow string offsets and data for buf[starts[k]:stops[k]] (a null, start < 0, is empty)."""
-    n = len(starts)
-    offsets = np.zeros(n + 1, dtype=np.int32)
+    """Arrow string offsets, per slot, and the data they share, of rows [0, n) of `strings`:
+    slot s of row k is buf[strings[k, s, 0]:strings[k, s, 1]] (a null, start < 0, is empty)."""
+    slots = strings.shape[1]
+    offsets = np.empty((slots, n + 1), dtype=np.int32)
+    total = 0
+    for s in range(slots):
+        offsets[s, 0] = total
+        for k in range(n):
+            if strings[k, s, 0] >= 0:
+                total += strings[k, s, 1] - strings[k, s, 0]
+            offsets[s, k + 1] = total
+    data = np.empty(total, dtype=np.uint8)
     for k in range(n):
-        offsets[k + 1] = offsets[k] + (stops[k] - starts[k] if starts[k] >= 0 else 0)
-    data = np.empty(offsets[n], dtype=np.uint8)
-    for k in range(n):
-        if starts[k] >= 0:
-            data[offsets[k] : offsets[k + 1]] = buf[starts[k] : stops[k]]
+        for s in range(slots):
+            at = offsets[s, k]
+            start = strings[k, s, 0]
+            for b in range(offsets[s, k + 1] - at):
+                data[at + b] = buf[start + b]
     return offsets, data
 
 
-def _strings(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
-    offsets, data = _gather(buf, np.ascontiguousarray(starts), np.ascontiguousarray(stops))
-    valid = starts >= 0
-    return pa.Array.from_buffers(
-        pa.string(),
-        len(starts),
-        [_bitmap(valid), pa.py_buffer(offsets), pa.py_buffer(data)],
-        null_count=int(len(valid) - valid.sum()),
-    )
+class _Strings:
+    """The string columns of a scan as Arrow arrays, over one shared data buffer."""
+
+    def __init__(self, buf: np.ndarray, strings: np.ndarray, n: int) -> None:
+        self._offsets, data = _gather(buf, strings, n)
+        self._data = pa.py_buffer(data)
+        self._valid = strings[:n, :, 0] >= 0
+
+    def column(self, slot: int) -> pa.Array:
+        valid = self._valid[:, slot]
+        return pa.Array.from_buffers(
+            pa.string(),
+            len(valid),
+            [_bitmap(valid), pa.py_buffer(self._offsets[slot]), self._data],
+            null_count=int(len(valid) - valid.sum()),
+        )
 
 
 def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
