@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 
 class BufferPool:
-    """At most `keep` idle buffers of at most `max_bytes` each, shared by threads.
+    """At most `keep` idle buffers (the largest) of at most `max_bytes` each, shared by threads.
 
     Args:
         keep: idle buffers kept (one per reading thread is enough).
@@ -33,13 +33,17 @@ class BufferPool:
         Nothing may keep a view of it past the block: the next reader gets it.
         """
         with self._lock:
-            fits = [b for b in self._idle if len(b) >= size]
-            if fits:
-                self._idle.remove(fits[0])
-        data = fits[0] if fits else bytearray(size)
+            # The smallest that fits (the list is largest first); by index: `remove` would
+            # compare buffers' contents.
+            fits = [i for i, b in enumerate(self._idle) if len(b) >= size]
+            found = self._idle.pop(fits[-1]) if fits else None
+        # A quarter more: ranges end at a line end, so the next one is often a little longer.
+        data = found if found is not None else bytearray(size + size // 4)
         try:
             yield data
         finally:
             with self._lock:
-                if len(data) <= self._max_bytes and len(self._idle) < self._keep:
+                if len(data) <= self._max_bytes:
                     self._idle.append(data)
+                    self._idle.sort(key=len, reverse=True)
+                    del self._idle[self._keep :]  # the smallest go

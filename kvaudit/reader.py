@@ -143,7 +143,8 @@ ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), (
 
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
-# A range is a chunk and the rest of the line it ends in.
+# A range is a chunk and the rest of the line it ends in. Idle, these buffers hold at
+# most 2 * CHUNK_BYTES per CPU.
 _BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=2 * CHUNK_BYTES)
 # The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~25 s
 # to compile on a fresh install); msgspec's full decode reads this much faster than that.
