@@ -9,9 +9,13 @@ preallocated arrays, with no Python object per page.
 It is deliberately narrow: it reads what JSON writers actually write and gives up on a
 line at anything else (an escape or non-ASCII byte in a string it must read, a nested
 array or map value, a repeated field, a type msgspec would reject, a number that is not
-a plain integer). The reader decodes such a line the general way, so both paths give
-the same rows and the same errors (tests/test_page_scan.py holds them equal). It only
-runs on lines msgspec has already parsed, so the JSON syntax is known to be valid.
+a plain integer, broken JSON). The reader decodes such a line the general way, so both
+paths give the same rows and the same errors (tests/test_page_scan.py holds them equal,
+on random lines and on lines broken at random).
+
+It runs before msgspec. Where it read every byte of a line's `events` arrays by its
+exact paths (see _scan), those bytes are valid JSON, and msgspec decodes the spans and
+resources of the line without them: skipping the events had been most of msgspec's time.
 """
 
 from __future__ import annotations

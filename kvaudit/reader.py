@@ -146,7 +146,7 @@ CHUNK_BYTES: Final = 16 * 1024 * 1024
 # A range is a chunk and the rest of the line it ends in. Idle, these buffers hold at
 # most 2 * CHUNK_BYTES per CPU.
 _BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=2 * CHUNK_BYTES)
-# The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~25 s
+# The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~40 s
 # to compile on a fresh install); msgspec's full decode reads this much faster than that.
 SCAN_MIN_BYTES: Final = 4 * 1024 * 1024
 

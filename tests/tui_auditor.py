@@ -33,16 +33,20 @@ class ScriptedAuditor:
 
     def __call__(self, store: TraceStore) -> list[Finding]:
         self.calls += 1
+        # One statement, so one snapshot: the store commits a refresh while an audit runs,
+        # and a query per plant could find one planted page read and the other not yet.
+        _, rows = store.query(
+            "SELECT key, replica, trace_id, span_id FROM pages WHERE op = 'fetch' AND list_contains($keys, key)",
+            {"keys": [plant.key for plant in self.planted]},
+        )
         findings = []
         for plant in self.planted:
-            _, rows = store.query(
-                "SELECT replica, trace_id, span_id FROM pages WHERE op = 'fetch' AND key = $key", {"key": plant.key}
-            )
             findings += [
                 Finding(
                     plant.code, plant.rule, plant.severity, replica, plant.key, trace_id, span_id,
                     plant.fields, plant.message, plant.producer,
                 )
-                for replica, trace_id, span_id in rows
+                for key, replica, trace_id, span_id in rows
+                if key == plant.key
             ]
         return findings
