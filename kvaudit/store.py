@@ -153,7 +153,9 @@ class TraceStore:
         # One transaction: DuckDB merges each statement's rows into the table at its commit,
         # which costs ~4 times the insert. Committed on failure too: a range's cursor moves
         # only once its rows are in, so what was read stays read. One DuckDB thread: the
-        # decoding threads keep the cores busy, and a parallel insert only adds its overhead.
+        # decoding threads keep the cores busy, and a parallel insert only adds its overhead
+        # (the setting is the database's: an audit on another cursor meanwhile gets one too).
+        threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]  # type: ignore[index]
         self.con.execute("SET threads = 1")
         self.con.execute("BEGIN TRANSACTION")
         try:
@@ -167,7 +169,7 @@ class TraceStore:
             )
         finally:
             self.con.execute("COMMIT")
-            self.con.execute("RESET threads")
+            self.con.execute(f"SET threads = {int(threads)}")
 
     def pending_bytes(self) -> int:
         """Bytes in the files not read yet (for progress bars)."""

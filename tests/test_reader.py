@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvaudit import reader
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emission import setup_emitter
@@ -92,6 +93,26 @@ def test_incremental_refresh_reads_only_appended_complete_lines(tmp_path: Path):
     assert rows == [(1,), (2,), (3,)]
     (tmp_path / "growing-2.jsonl").write_bytes(lines[0])
     assert store.refresh(final=False).pages.num_rows == 1
+
+
+def test_a_read_that_fails_keeps_what_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    _good_file(tmp_path / "a.jsonl")
+    _good_file(tmp_path / "b.jsonl", replica="r2")
+    store = TraceStore([tmp_path])
+    real_read = reader.read_range
+
+    def vanished(path: str, *args: object) -> object:
+        if path.endswith("b.jsonl"):
+            raise FileNotFoundError(path)
+        return real_read(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reader, "read_range", vanished)
+    with pytest.raises(FileNotFoundError):
+        store.refresh()
+    assert store.query("SELECT DISTINCT replica FROM pages")[1] == [("r1",)]  # committed, not rolled back
+    monkeypatch.setattr(reader, "read_range", real_read)
+    store.refresh()  # b.jsonl from its start, a.jsonl not again
+    assert store.query("SELECT replica, count(*) FROM pages GROUP BY ALL ORDER BY 1")[1] == [("r1", 3), ("r2", 3)]
 
 
 def test_paths_that_match_nothing_are_named(tmp_path: Path):
