@@ -385,7 +385,7 @@ def _any_value(
 _STRING_WORDS, _INT_WORDS, _BOOL_WORDS, _ARRAY_WORDS = (
     _words(text.encode(), 2) for text in (_COMPACT_STRING, _COMPACT_INT, _COMPACT_BOOL, _COMPACT_ARRAY)
 )
-_KEY_OPEN_WORD: Final = _words(b'{"key":"', 1)[0][0]
+_KEY_OPEN_WORD: Final = _words(_KEY_OPEN.tobytes(), 1)[0][0]
 
 
 # The three functions run per attribute are inlined (numba's own inliner): a call passes
@@ -873,7 +873,7 @@ class PageScanner:
         # Per column: where its name lies in `keys`, its kind, its slot among its kind.
         self._columns = np.stack([bounds[:-1], bounds[1:], self._kinds, self._slots], axis=1).astype(np.int64)
         self._table = _hash_table(self._keys, self._columns)
-        heads = [name + b'","value":{"' for name in names]
+        heads = [name + _VALUE_OPEN.tobytes() for name in names]
         if max(map(len, heads)) > PAD:
             raise ValueError(f"attribute names of at most {PAD - len(_VALUE_OPEN)} bytes")
         words = [_words(head, PAD // 8) for head in heads]

@@ -3,8 +3,8 @@
 Verbose JSON is the bottleneck of the analysis side (DESIGN.md section 5), so each
 file is decoded once, split into byte ranges that threads decode in parallel (msgspec
 for spans, the compiled page scanner for page events, without the GIL), and handed to
-DuckDB as Arrow tables. Bad
-lines never stop a read: each becomes a `file:line: reason` row in `read_errors`.
+DuckDB as Arrow tables. Bad lines never stop a read: each becomes a `file:line: reason`
+row in `read_errors`.
 """
 
 from __future__ import annotations
@@ -438,7 +438,7 @@ def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) 
         truncated = final and stop < size
         if truncated:
             bounds.append((stop, size))
-        tables = _read_lines(path, data, bounds, truncated and size, scan)
+        tables = _read_lines(path, data, bounds, size if truncated else 0, scan)
         return tables, start + (size if truncated else stop), len(bounds)
 
 
