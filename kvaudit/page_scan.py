@@ -20,6 +20,7 @@ resources of the line without them: skipping the events had been most of msgspec
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -31,6 +32,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from kvaudit.buffer_pool import BufferPool
 from kvaudit.contract import EVENT_PAGE
 
 # Column kinds as the scanner numbers them (kvaudit.reader maps its own kinds onto these).
@@ -857,9 +859,10 @@ class PageScanner:
     Args:
         columns: (attribute name, kind) per column, kind one of STR, INT, BOOL, INTS;
             at most one INTS and one BOOL column.
+        scratch_bytes: scans of buffers up to this size reuse their arrays (see _Scratch).
     """
 
-    def __init__(self, columns: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, columns: Sequence[tuple[str, int]], scratch_bytes: int = 1 << 26) -> None:
         self._kinds = np.array([kind for _, kind in columns], dtype=np.int64)
         if (self._kinds == INTS).sum() > 1 or (self._kinds == BOOL).sum() > 1:
             raise ValueError("at most one list column and one bool column")
@@ -879,8 +882,10 @@ class PageScanner:
         words = [_words(head, PAD // 8) for head in heads]
         self._heads = np.stack([w for w, _ in words])
         self._head_masks = np.stack([m for _, m in words])
-        self._n_str = int((self._kinds == STR).sum())
-        self._n_int = int((self._kinds == INT).sum())
+        n_str, n_int = int((self._kinds == STR).sum()), int((self._kinds == INT).sum())
+        self._scratch = BufferPool(
+            keep=os.cpu_count() or 1, max_bytes=scratch_bytes, make=lambda size: _Scratch(size, n_str, n_int)
+        )
 
     def _follow(self) -> np.ndarray:
         """A fresh table of which column followed which (see _column), one per scan: threads share a scanner."""
@@ -896,50 +901,71 @@ class PageScanner:
 
         `buf` is writable uint8 and holds PAD zero bytes after its last line. Runs without the GIL.
         """
-        # np.empty leaves pages never written unmapped, so a generous bound costs nothing.
-        capacity = sum(end - start for start, end in zip(starts, ends)) // _MIN_EVENT_BYTES + 1
+        with self._scratch.buffer(len(buf)) as scratch:
+            state = np.zeros(3, dtype=np.int64)
+            lines = np.empty((len(starts), 3), dtype=np.int64)
+            out = (*scratch.out, state)
+            n = _scan(
+                buf,
+                np.asarray(starts, dtype=np.int64),
+                np.asarray(ends, dtype=np.int64),
+                (self._keys, self._columns, self._table, self._heads, self._head_masks, self._follow()),
+                scratch.rows,
+                out,
+                scratch.cuts,
+                lines,
+            )
+            # Everything returned is copied out of `scratch`: the next scan reuses it.
+            strings, ints, ints_ok, flags, shapes, items, items_ok = scratch.out
+            texts = _Strings(buf, strings, n)
+            columns: list[pa.Array] = []
+            for column, kind in enumerate(self._kinds):
+                slot = self._slots[column]
+                if kind == STR:
+                    columns.append(texts.column(slot))
+                elif kind == INT:
+                    columns.append(pa.array(ints[:n, slot].copy(), mask=~ints_ok[:n, slot]))
+                elif kind == BOOL:
+                    columns.append(pa.array(flags[:n] == 1, mask=flags[:n] < 0))
+                else:
+                    columns.append(_lists(shapes[:n], items, items_ok))
+            line, span, time_ns = scratch.rows[:n].T.copy()
+            cuts = scratch.cuts[: state[_CUTS]].copy()
+        return PageColumns(line, span, time_ns, columns, lines[:, 0], lines[:, 1] == 1, cuts, lines[:, 2])
+
+
+class _Scratch:
+    """The arrays a scan of a buffer of up to `size` bytes writes into, before its rows are
+    copied into Arrow columns; `len` is that size (see `BufferPool`).
+
+    They are kept for the next scan (PageScanner._scratch): numpy asks the kernel for huge
+    pages for arrays this large, so the first touch of each fresh 2 MiB is a page fault
+    that zeroes all of it.
+    """
+
+    def __init__(self, size: int, n_str: int, n_int: int) -> None:
+        self._size = size
+        # Every bound is generous, and costs nothing: pages never written stay unmapped.
+        capacity = size // _MIN_EVENT_BYTES + 1
         # An array item is at least `{"intValue":0}` long.
-        item_capacity = len(buf) // len('{"intValue":0}') + 1
+        item_capacity = size // len('{"intValue":0}') + 1
         # Each event resets its row's presence marks (string start, int ok, flag, list start):
         # what lies under a mark that says absent is never read.
-        strings = np.empty((capacity, self._n_str, 2), dtype=np.int64)
-        ints = np.empty((capacity, self._n_int), dtype=np.int64)
-        ints_ok = np.empty((capacity, self._n_int), dtype=np.bool_)
-        flags = np.empty(capacity, dtype=np.int8)
-        shapes = np.empty((capacity, 2), dtype=np.int64)
-        items = np.empty(item_capacity, dtype=np.int64)
-        items_ok = np.empty(item_capacity, dtype=np.bool_)
-        state = np.zeros(3, dtype=np.int64)
-        rows = np.empty((capacity, 3), dtype=np.int64)
+        self.out = (
+            np.empty((capacity, n_str, 2), dtype=np.int64),  # strings
+            np.empty((capacity, n_int), dtype=np.int64),  # ints
+            np.empty((capacity, n_int), dtype=np.bool_),  # ints_ok
+            np.empty(capacity, dtype=np.int8),  # flags
+            np.empty((capacity, 2), dtype=np.int64),  # shapes
+            np.empty(item_capacity, dtype=np.int64),  # items
+            np.empty(item_capacity, dtype=np.bool_),  # items_ok
+        )
+        self.rows = np.empty((capacity, 3), dtype=np.int64)
         # A span with events is at least `{"events":[]}` long.
-        cuts = np.empty((len(buf) // len('{"events":[]}') + 1, 2), dtype=np.int64)
-        lines = np.empty((len(starts), 3), dtype=np.int64)
-        out = (strings, ints, ints_ok, flags, shapes, items, items_ok, state)
-        n = _scan(
-            buf,
-            np.asarray(starts, dtype=np.int64),
-            np.asarray(ends, dtype=np.int64),
-            (self._keys, self._columns, self._table, self._heads, self._head_masks, self._follow()),
-            rows,
-            out,
-            cuts,
-            lines,
-        )
-        texts = _Strings(buf, strings, n)
-        columns: list[pa.Array] = []
-        for column, kind in enumerate(self._kinds):
-            slot = self._slots[column]
-            if kind == STR:
-                columns.append(texts.column(slot))
-            elif kind == INT:
-                columns.append(pa.array(ints[:n, slot], mask=~ints_ok[:n, slot]))
-            elif kind == BOOL:
-                columns.append(pa.array(flags[:n] == 1, mask=flags[:n] < 0))
-            else:
-                columns.append(_lists(shapes[:n], items, items_ok))
-        return PageColumns(
-            rows[:n, 0], rows[:n, 1], rows[:n, 2], columns, lines[:, 0], lines[:, 1] == 1, cuts, lines[:, 2]
-        )
+        self.cuts = np.empty((size // len('{"events":[]}') + 1, 2), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self._size
 
 
 def _hash_table(keys: np.ndarray, columns: np.ndarray) -> np.ndarray:

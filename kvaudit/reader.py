@@ -145,7 +145,8 @@ ERRORS_SCHEMA: Final = pa.schema([("file", pa.string()), ("line", pa.int64()), (
 CHUNK_BYTES: Final = 16 * 1024 * 1024
 # A range is a chunk and the rest of the line it ends in. Idle, these buffers hold at
 # most 2 * CHUNK_BYTES per CPU.
-_BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=2 * CHUNK_BYTES)
+_BUFFER_BYTES: Final = 2 * CHUNK_BYTES  # larger buffers, for a range with a huge line, are not kept
+_BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=_BUFFER_BYTES)
 # The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~40 s
 # to compile on a fresh install); msgspec's full decode reads this much faster than that.
 SCAN_MIN_BYTES: Final = 4 * 1024 * 1024
@@ -544,7 +545,8 @@ def _blank(line: memoryview) -> bool:
 @functools.cache
 def page_scanner() -> PageScanner:
     """The page event scanner for the `pages` columns (compiled on first use, then cached on disk)."""
-    return PageScanner([(attr, _SCAN_KIND[kind]) for attr, kind in PAGE_ATTR_COLUMNS.values()])
+    columns = [(attr, _SCAN_KIND[kind]) for attr, kind in PAGE_ATTR_COLUMNS.values()]
+    return PageScanner(columns, scratch_bytes=_BUFFER_BYTES)
 
 
 # --- planning reads over files ------------------------------------------------------

@@ -232,3 +232,27 @@ def test_the_store_reads_the_same_pages_either_way(trace_dir: Path, monkeypatch:
         results.append(store.query(query))
         store.close()
     assert results[0] == results[1] and len(results[0][1]) == 30
+
+
+def test_a_scan_leaves_what_an_earlier_scan_returned_alone(trace_dir: Path):
+    """Scans reuse their arrays (page_scan._Scratch): nothing returned may share them."""
+    scanner = reader.page_scanner.__wrapped__()  # its own: its arrays serve only these scans
+    scans, expected = [], []
+    for replica in ("r1", "r2"):  # the second buffer is the smaller: it gets the first one's arrays
+        path = trace_dir / f"{replica}.jsonl"
+        emitter = setup_emitter(replica, f"file:{path}", engine="vllm", kv=KV)
+        with emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id=replica) as op:
+            for n in range(5 if replica == "r1" else 3):
+                op.add_page(full_page(f"{replica}{n:062x}", 10 * n + len(replica), used=bool(n % 2)))
+        emitter.shutdown()
+        data = path.read_bytes()
+        scanned = scanner.scan(np.frombuffer(bytearray(data + bytes(page_scan.PAD)), np.uint8), [0], [len(data) - 1])
+        scans.append(scanned)
+        expected.append(_scanned(scanned))
+    assert expected[0] != expected[1]
+    assert [_scanned(scanned) for scanned in scans] == expected
+
+
+def _scanned(scanned: page_scan.PageColumns) -> list[Any]:
+    arrays = (scanned.line, scanned.span, scanned.time_ns, scanned.spans, scanned.strict, scanned.cuts)
+    return [column.to_pylist() for column in scanned.columns] + [array.tolist() for array in arrays]
