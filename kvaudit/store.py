@@ -4,6 +4,8 @@ Trace files are decoded once (see `reader`) into four tables, and every query ru
 against views over them. The same views exist in a database written by `kvaudit
 ingest`, so a query neither knows nor cares whether it runs over files or over a
 materialised export. `refresh()` reads only what was appended since the last call.
+In memory (the default) the tables are the reader's Arrow tables, which DuckDB scans
+where they lie (see `arrow_tables`); in a database file they are DuckDB tables.
 
 Columns (absent attributes are NULL):
 - `spans`: file, line, resource_id, replica, trace_id, span_id, parent_span_id, name,
@@ -33,6 +35,7 @@ import duckdb
 import pyarrow as pa
 
 from kvaudit import parquet
+from kvaudit.arrow_tables import ArrowTables
 from kvaudit.reader import (
     ERRORS_SCHEMA,
     PAGES_SCHEMA,
@@ -44,7 +47,8 @@ from kvaudit.reader import (
     read_files,
 )
 
-_TABLES: Final = {
+# The tables under the views, in the order of the fields of `Tables`.
+TABLES: Final = {
     "kv_resources": RESOURCES_SCHEMA,
     "kv_spans": SPANS_SCHEMA,
     "kv_pages": PAGES_SCHEMA,
@@ -70,7 +74,8 @@ class TraceStore:
     Args:
         paths: trace files, directories and globs (see `reader.expand_paths`); new files
             matching them are picked up by `refresh()`.
-        database: DuckDB database file to write into (`:memory:` by default).
+        database: DuckDB database file to write into (`:memory:` by default: the
+            tables are then held as Arrow, see `arrow_tables`).
         workers: decoding threads (default: one per CPU).
 
     Raises:
@@ -85,12 +90,44 @@ class TraceStore:
         *,
         workers: int | None = None,
     ) -> None:
-        self.paths = [str(p) for p in paths]
-        self.con = duckdb.connect(database)
-        self._workers = workers
-        self._cursors: dict[str, Cursor] = {}
+        held = ArrowTables(TABLES) if database == ":memory:" else None
+        self._init(duckdb.connect(database), held, paths, workers)
         self._create()
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
+
+    def _init(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        held: ArrowTables | None,
+        paths: Sequence[str | os.PathLike[str]] = (),
+        workers: int | None = None,
+    ) -> None:
+        self.paths = [str(p) for p in paths]
+        self._con = con
+        self._held = held
+        self._registered = -1  # the version of `held` registered on `con`
+        self._workers = workers
+        self._cursors: dict[str, Cursor] = {}
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection, with the `kv_*` tables as the last refresh left them.
+
+        In memory, the first use after a refresh ends a result of `execute()` left unread
+        (see `ArrowTables.register`).
+        """
+        if self._held is not None:
+            self._registered = self._held.register(self._con, self._registered)
+        return self._con
+
+    def cursor(self) -> TraceStore:
+        """The same store on a DuckDB connection of its own, for use by another thread.
+
+        It sees what this store's refreshes add; it reads nothing itself.
+        """
+        other = TraceStore.__new__(TraceStore)
+        other._init(self._con.cursor(), self._held)
+        return other
 
     @classmethod
     def open_ingested(cls, database: str) -> TraceStore:
@@ -103,9 +140,8 @@ class TraceStore:
         if not Path(database).is_file():
             raise FileNotFoundError(f"{database}: no such file")
         store = cls.__new__(cls)
-        store.paths, store._workers, store._cursors = [], None, {}
         try:
-            store.con = duckdb.connect(database, read_only=True)
+            store._init(duckdb.connect(database, read_only=True), None)
             store.con.execute("SELECT count(*) FROM pages").fetchall()
         except duckdb.Error as exc:
             raise ValueError(f"{database}: not a kvaudit database ({str(exc).splitlines()[0]})") from None
@@ -122,15 +158,14 @@ class TraceStore:
         if "://" not in root and not parquet.is_dataset(root):
             raise FileNotFoundError(f"{root}: not a Parquet dataset written by `kvaudit ingest --parquet`")
         store = cls.__new__(cls)
-        store.paths, store._workers, store._cursors = [], None, {}
-        store.con = duckdb.connect()
+        store._init(duckdb.connect(), None)
         for name, query in parquet.sources(root, store.con).items():
             store.con.execute(f"CREATE VIEW {name} AS {query}")
         store._create()
         return store
 
     def _create(self) -> None:
-        for name, schema in _TABLES.items():
+        for name, schema in TABLES.items() if self._held is None else ():
             self.con.register("_empty", schema.empty_table())
             # A store over Parquet (open_parquet) has views of these names already.
             self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} AS SELECT * FROM _empty")
@@ -150,6 +185,8 @@ class TraceStore:
         """
         if not self.paths:
             return Tables.concat([])
+        if self._held is not None:
+            return self._read(final, progress)
         # One transaction: DuckDB merges each statement's rows into the table at its commit,
         # which costs ~4 times the insert. Committed on failure too: a range's cursor moves
         # only once its rows are in, so what was read stays read. One DuckDB thread: the
@@ -159,17 +196,20 @@ class TraceStore:
         self.con.execute("SET threads = 1")
         self.con.execute("BEGIN TRANSACTION")
         try:
-            return read_files(
-                expand_paths(self.paths),
-                self._cursors,
-                final=final,
-                workers=self._workers,
-                progress=progress,
-                sink=self._append,
-            )
+            return self._read(final, progress)
         finally:
             self.con.execute("COMMIT")
             self.con.execute(f"SET threads = {int(threads)}")
+
+    def _read(self, final: bool, progress: Callable[[int], None] | None) -> Tables:
+        return read_files(
+            expand_paths(self.paths),
+            self._cursors,
+            final=final,
+            workers=self._workers,
+            progress=progress,
+            sink=self.append,
+        )
 
     def pending_bytes(self) -> int:
         """Bytes in the files not read yet (for progress bars)."""
@@ -179,13 +219,13 @@ class TraceStore:
             total += os.path.getsize(path) - (cursor.offset if cursor else 0)
         return max(total, 0)
 
-    def _append(self, tables: Tables) -> None:
-        for name, table in (
-            ("kv_resources", tables.resources),
-            ("kv_spans", tables.spans),
-            ("kv_pages", tables.pages),
-            ("kv_read_errors", tables.errors),
-        ):
+    def append(self, tables: Tables) -> None:
+        """Add rows as a refresh reads them (tests and benchmarks add rows made otherwise)."""
+        by_name = dict(zip(TABLES, (tables.resources, tables.spans, tables.pages, tables.errors)))
+        if self._held is not None:
+            self._held.append(by_name)
+            return
+        for name, table in by_name.items():
             if table.num_rows:
                 self.con.register("_batch", table)
                 self.con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
@@ -203,11 +243,12 @@ class TraceStore:
         return [d[0] for d in cursor.description], cursor.fetchall()
 
     def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
-        result = self.con.execute(query, params or {})
+        """The rows of a query as Arrow (a relation's, not execute()'s: that would copy them once more)."""
+        result = self.con.sql(query, params=params)
         return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.arrow()
 
     def close(self) -> None:
-        self.con.close()
+        self._con.close()
 
 
 def open_store(paths: Sequence[str], *, progress: Callable[[int], None] | None = None) -> TraceStore:

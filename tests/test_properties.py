@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,19 +12,20 @@ from hypothesis import strategies as st
 
 from kvaudit.analysis import run_named
 from kvaudit.capacity import capacity_curve, curve_of_stream
-from kvaudit.reader import PAGES_SCHEMA, SPANS_SCHEMA
+from kvaudit.reader import Tables
 from kvaudit.store import TraceStore
 
 from .test_queries import _brute_force_lru
 
 
-def _store_with(table: str, schema: pa.Schema, columns: dict[str, Any]) -> TraceStore:
-    """A store whose `table` holds these columns (the others NULL), as `kvaudit ingest` would."""
+def _store_with(table: str, columns: dict[str, Any]) -> TraceStore:
+    """A store whose `table` (a field of `Tables`) holds these columns, the others NULL."""
+    empty = Tables.concat([])
+    schema = getattr(empty, table).schema
     rows = len(next(iter(columns.values())))
     arrays = [pa.array(columns.get(f.name, [None] * rows), type=f.type) for f in schema]
     store = TraceStore()
-    store.con.register("_rows", pa.Table.from_arrays(arrays, schema=schema))
-    store.con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
+    store.append(replace(empty, **{table: pa.Table.from_arrays(arrays, schema=schema)}))
     return store
 
 
@@ -44,8 +46,7 @@ spans = st.lists(
 @given(spans)
 def test_hit_rates_are_shares(rows: list[tuple[str, str, int, float, int]]):
     store = _store_with(
-        "kv_spans",
-        SPANS_SCHEMA,
+        "spans",
         {
             "replica": [r[0] for r in rows],
             "op": [r[1] for r in rows],
@@ -87,8 +88,7 @@ def test_shards_at_ten_percent_is_within_two_points_of_exact(seed: int, alpha: f
     popularity = 1.0 / np.arange(1, keys + 1) ** alpha
     ranks = rng.choice(keys, n, p=popularity / popularity.sum())
     store = _store_with(
-        "kv_pages",
-        PAGES_SCHEMA,
+        "pages",
         {
             "op": np.where(rng.random(n) < 0.5, "store", "fetch").tolist(),
             "key": [f"{k:016x}" for k in ranks],

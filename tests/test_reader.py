@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,26 @@ def test_incremental_refresh_reads_only_appended_complete_lines(tmp_path: Path):
     assert rows == [(1,), (2,), (3,)]
     (tmp_path / "growing-2.jsonl").write_bytes(lines[0])
     assert store.refresh(final=False).pages.num_rows == 1
+
+
+def test_a_cursor_in_another_thread_sees_what_each_refresh_adds(tmp_path: Path):
+    lines = _good_file(tmp_path / "src.jsonl")
+    growing = tmp_path / "growing.jsonl"
+    growing.write_bytes(lines[0])
+    store = TraceStore([growing])
+    cursor = store.cursor()  # the TUI audits through one, in its worker thread
+    pending = store.con.execute("SELECT * FROM pages")  # a result left unread: the next refresh ends it
+    pending.fetchone()
+    with ThreadPoolExecutor(1) as worker:
+        for n, line in enumerate(lines, start=1):
+            if n > 1:
+                with growing.open("ab") as f:
+                    f.write(line)
+            store.refresh()
+            assert worker.submit(cursor.query, "SELECT count(*) FROM pages").result()[1] == [(n,)]
+            assert store.query("SELECT count(*) FROM pages")[1] == [(n,)]
+    cursor.close()
+    store.close()
 
 
 def test_a_read_that_fails_keeps_what_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

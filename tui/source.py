@@ -6,7 +6,6 @@ worker threads; a lock keeps the store to one thread at a time.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -58,8 +57,7 @@ class LiveSource:
         self._lock = threading.Lock()
         # The auditor reads through its own DuckDB connection to the same database, so a long
         # audit runs beside the refreshes instead of holding them up.
-        self._audit_store = copy.copy(store)
-        self._audit_store.con = store.con.cursor()
+        self._audit_store = store.cursor()
         self._analysis = Analysis(
             findings=None if auditor is None else (),
             findings_note="" if auditor is not None else NO_AUDITOR,
@@ -121,7 +119,7 @@ class LiveSource:
 
     def close(self) -> None:
         with self._lock:
-            self._audit_store.con.close()
+            self._audit_store.close()
             self.store.close()
 
     def _audit_due(self) -> bool:
