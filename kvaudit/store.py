@@ -4,8 +4,12 @@ Trace files are decoded once (see `reader`) into four tables, and every query ru
 against views over them. The same views exist in a database written by `kvaudit
 ingest`, so a query neither knows nor cares whether it runs over files or over a
 materialised export. `refresh()` reads only what was appended since the last call.
-In memory (the default) the tables are the reader's Arrow tables, which DuckDB scans
-where they lie (see `arrow_tables`); in a database file they are DuckDB tables.
+Without a database (the default) the tables are the reader's Arrow tables, which DuckDB
+scans where they lie (see `arrow_tables`): the fastest read, for traces read once and
+queried a few times. In a DuckDB database (in memory or in a file) they are DuckDB
+tables: slower to fill, faster to query again and again, for a store refreshed and
+queried live (DuckDB keeps each row group's min and max, so a query over the last
+minutes skips the rest).
 
 Columns (absent attributes are NULL):
 - `spans`: file, line, resource_id, replica, trace_id, span_id, parent_span_id, name,
@@ -74,8 +78,8 @@ class TraceStore:
     Args:
         paths: trace files, directories and globs (see `reader.expand_paths`); new files
             matching them are picked up by `refresh()`.
-        database: DuckDB database file to write into (`:memory:` by default: the
-            tables are then held as Arrow, see `arrow_tables`).
+        database: a DuckDB database to insert the rows into (a file, or `:memory:` for a
+            live store); None holds them as Arrow (see the module's docstring).
         workers: decoding threads (default: one per CPU).
 
     Raises:
@@ -86,12 +90,12 @@ class TraceStore:
     def __init__(
         self,
         paths: Sequence[str | os.PathLike[str]] = (),
-        database: str = ":memory:",
+        database: str | None = None,
         *,
         workers: int | None = None,
     ) -> None:
-        held = ArrowTables(TABLES) if database == ":memory:" else None
-        self._init(duckdb.connect(database), held, paths, workers)
+        held = ArrowTables(TABLES) if database is None else None
+        self._init(duckdb.connect(database or ":memory:"), held, paths, workers)
         self._create()
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
 
@@ -251,8 +255,11 @@ class TraceStore:
         self._con.close()
 
 
-def open_store(paths: Sequence[str], *, progress: Callable[[int], None] | None = None) -> TraceStore:
-    """A store over trace paths, or over one database or Parquet dataset written by `kvaudit ingest`.
+def open_store(
+    paths: Sequence[str], *, progress: Callable[[int], None] | None = None, database: str | None = None
+) -> TraceStore:
+    """A store over trace paths (read now into `database`, see TraceStore), or over one
+    database or Parquet dataset written by `kvaudit ingest`.
 
     Raises:
         FileNotFoundError: a path matches nothing.
@@ -265,6 +272,6 @@ def open_store(paths: Sequence[str], *, progress: Callable[[int], None] | None =
         if len(paths) != 1:
             raise ValueError("give either one database written by `kvaudit ingest` or trace files, not both")
         return TraceStore.open_ingested(databases[0])
-    store = TraceStore(paths)
+    store = TraceStore(paths, database)
     store.refresh(progress=progress)
     return store

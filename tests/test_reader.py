@@ -96,11 +96,16 @@ def test_incremental_refresh_reads_only_appended_complete_lines(tmp_path: Path):
     assert store.refresh(final=False).pages.num_rows == 1
 
 
-def test_a_cursor_in_another_thread_sees_what_each_refresh_adds(tmp_path: Path):
+# Rows held as Arrow (the default), and inserted into DuckDB's tables (a live store).
+DATABASES = pytest.mark.parametrize("database", [None, ":memory:"], ids=["arrow", "duckdb"])
+
+
+@DATABASES
+def test_a_cursor_in_another_thread_sees_what_each_refresh_adds(tmp_path: Path, database: str | None):
     lines = _good_file(tmp_path / "src.jsonl")
     growing = tmp_path / "growing.jsonl"
     growing.write_bytes(lines[0])
-    store = TraceStore([growing])
+    store = TraceStore([growing], database)
     cursor = store.cursor()  # the TUI audits through one, in its worker thread
     pending = store.con.execute("SELECT * FROM pages")  # a result left unread: the next refresh ends it
     pending.fetchone()
@@ -116,10 +121,11 @@ def test_a_cursor_in_another_thread_sees_what_each_refresh_adds(tmp_path: Path):
     store.close()
 
 
-def test_a_read_that_fails_keeps_what_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@DATABASES
+def test_a_read_that_fails_keeps_what_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: str | None):
     _good_file(tmp_path / "a.jsonl")
     _good_file(tmp_path / "b.jsonl", replica="r2")
-    store = TraceStore([tmp_path])
+    store = TraceStore([tmp_path], database)
     real_read = reader.read_range
 
     def vanished(path: str, *args: object) -> object:

@@ -102,7 +102,8 @@ def test_collect_shows_what_arrives(tmp_path: Path):
     out = tmp_path / "received"
     server = CollectorServer(("127.0.0.1", 0), TraceSink(out, fsync=False)).start()
     emitter = setup_emitter("r7", f"otlp:{server.url}", engine="vllm", kv=KV)
-    app = KvauditApp(LiveSource(TraceStore([out], workers=1), auditor=None), watching=server.url, interval_s=0.2)
+    live = TraceStore([out], ":memory:", workers=1)  # as `kvaudit tui --collect` makes it
+    app = KvauditApp(LiveSource(live, auditor=None), watching=server.url, interval_s=0.2)
 
     async def scenario() -> None:
         async with app.run_test(size=(150, 45)):

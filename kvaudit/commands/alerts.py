@@ -121,7 +121,7 @@ def run_watch(args: argparse.Namespace) -> int:
     http = HttpPoster(timeout_s=parse_duration(args.timeout), retries=args.retries)
     dispatcher = Dispatcher([parse_notifier(spec, http) for spec in args.notify or ["stdout"]])
     engine = RuleEngine(_groups(args.rules), state_path=args.state)
-    store = TraceStore(args.paths)
+    store = TraceStore(args.paths, ":memory:")  # queried after every refresh: DuckDB's own tables
     status = ""
     while True:
         try:

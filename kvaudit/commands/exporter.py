@@ -37,7 +37,7 @@ def serve(store: TraceStore, host: str, port: int) -> tuple[WSGIServer, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = open_store(args.paths)
+    store = open_store(args.paths, database=":memory:")  # queried at every scrape: DuckDB's own tables
     _, port = serve(store, args.host, args.port)
     print(f"kvaudit exporter: serving http://{args.host}:{port}/metrics", flush=True)
     threading.Event().wait()  # the server thread serves until Ctrl-C

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.output}: the output name must end in .duckdb")
     if args.output is not None:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    store = TraceStore(args.paths, args.output or ":memory:")
+    store = TraceStore(args.paths, args.output)
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())

@@ -86,4 +86,5 @@ def _store(paths: list[str], *, one_shot: bool) -> TraceStore:
         return open_store(paths)  # read whole now (in parallel), or a database written by `kvaudit ingest`
     # A live store reads in the app's worker thread, in this process: forking decoders from
     # a process with threads can deadlock them, and the app must show before a long first read ends.
-    return TraceStore(paths, workers=1)
+    # Its rows go into DuckDB's tables: each refresh queries a recent window of them again.
+    return TraceStore(paths, ":memory:", workers=1)
