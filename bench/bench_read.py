@@ -3,9 +3,9 @@
 Side by side in one run, over the same file of page descriptors written by the
 real emitter and file exporter:
 - `TraceStore` (threads: the compiled page scanner reads page events into columns,
-  msgspec decodes spans without the events it read; Arrow into DuckDB). The scanner's
-  machine code is loaded from numba's disk cache once per process, before the clock
-  starts; that one-time load is printed on its own line;
+  msgspec decodes spans without the events it read; the Arrow tables held for DuckDB
+  to scan in place). The scanner's machine code is loaded from numba's disk cache once
+  per process, before the clock starts; that one-time load is printed on its own line;
 - a plain `json.loads` loop building one dict per descriptor;
 - DuckDB's `read_json` with the nested OTLP schema, one attribute map per descriptor.
 Then a database as `kvaudit ingest` writes it, filled with N descriptors generated
