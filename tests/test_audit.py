@@ -197,6 +197,16 @@ def test_kva007_unreadable_lines_dropped_events_and_emitter_errors(fleet: Fleet,
     assert by_kind["reason"].file.endswith("r1-vllm.jsonl") and by_kind["reason"].line is not None
     assert by_kind["dropped_events"].fields["dropped_events"] == 1 and by_kind["dropped_events"].span_id
     assert by_kind["dropped_spans"].fields["errors"] == 1 and by_kind["dropped_spans"].replica == "r1"
+    assert by_kind["dropped_spans"].fields["lost_batches"] == 0
+
+
+def test_kva007_lost_kv_event_batches(fleet: Fleet):
+    r1 = fleet.replica("r1")
+    fleet.at(0).store(r1, [page("a", 0)])
+    r1.count_lost_batches(3)  # the KV events subscriber saw a gap in the engine's sequence numbers
+    [finding] = run_audit(fleet.open())
+    assert (finding.code, finding.replica, finding.fields["lost_batches"]) == ("KVA007", "r1", 3)
+    assert finding.message.endswith("3 lost KV event batches")
 
 
 def test_findings_are_sorted_critical_first(fleet: Fleet):
