@@ -1,4 +1,4 @@
-"""The `kv_*` tables of an in-memory store, held as Arrow and shared by its DuckDB connections.
+"""The `kv_*` tables of a store without a database, held as Arrow and shared by its DuckDB connections.
 
 A store over trace files read in place has nothing to persist, so it keeps the Arrow
 tables the reader decoded and DuckDB scans them where they lie: inserting the same
@@ -17,10 +17,10 @@ from typing import Final
 import duckdb
 import pyarrow as pa
 
-# A live store appends a few rows per refresh, and DuckDB scans many tiny Arrow chunks
-# slowly: pieces of fewer rows than this are merged, this many at a time (a row is so
-# copied a few times at most). Larger pieces, as a read of a whole file makes, stay
-# as they are.
+# A store refreshed as its files grow appends a few rows each time, and DuckDB scans many
+# tiny Arrow chunks slowly: pieces of fewer rows than this are merged, this many at a
+# time (a row is so copied a few times at most). Larger pieces, as a read of a whole
+# file makes, stay as they are.
 SMALL_PIECE_ROWS: Final = 8192
 MERGE_PIECES: Final = 16
 
