@@ -884,7 +884,9 @@ class PageScanner:
         self._head_masks = np.stack([m for _, m in words])
         n_str, n_int = int((self._kinds == STR).sum()), int((self._kinds == INT).sum())
         self._scratch = BufferPool(
-            keep=os.cpu_count() or 1, max_bytes=scratch_bytes, make=lambda size: _Scratch(size, n_str, n_int)
+            keep=os.cpu_count() or 1,
+            max_bytes=scratch_bytes + scratch_bytes // 4,  # the pool sizes what it makes a quarter up
+            make=lambda size: _Scratch(size, n_str, n_int),
         )
 
     def _follow(self) -> np.ndarray:
