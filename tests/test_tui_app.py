@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,6 +102,27 @@ def test_critical_finding_shows_and_drills_down(fleet: Fleet, trace_dir: Path):
 
             await pilot.press("escape")
             await until(lambda: not isinstance(app.screen, DrillScreen))
+
+    asyncio.run(scenario())
+
+
+def test_figures_older_than_those_shown_are_dropped(fleet: Fleet, trace_dir: Path):
+    """The reading and the analysing workers hand their figures to the screen in either
+    order: figures computed before the findings arrived must not take them away again."""
+
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        plant_bad_fetch(fleet)
+        app = live_app(trace_dir, ScriptedAuditor([planted_layout_mismatch()]))
+        async with app.run_test(size=(150, 45)) as pilot:
+            findings = app.query_one(FindingsTable)
+            await until(lambda: findings.row_count == 1)
+            shown = app.main.figures
+            assert shown is not None and shown.serial > 0
+            app.main.paused = True  # no newer figures meanwhile
+            app.main._show(dataclasses.replace(shown, serial=shown.serial - 1, findings=()))
+            await pilot.pause()
+            assert app.main.figures is shown and findings.row_count == 1
 
     asyncio.run(scenario())
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from kvaudit.named_queries import load
@@ -68,9 +68,14 @@ class Figures:
     findings_note: str = ""
     alerts: tuple[AlertRow, ...] | None = None  # None: no alerting (alerts_note says why)
     alerts_note: str = ""
+    # The order figures were computed in (LiveSource numbers them): two workers hand theirs
+    # to the screen in either order, and the older must not replace the newer.
+    serial: int = field(default=0, compare=False)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        figures = asdict(self)
+        del figures["serial"]
+        return figures
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class LiveSource:
         self._audited_rows = -1  # rows read when the findings were computed
         self._next_audit = 0.0
         self._last: Figures | None = None  # the latest figures computed
+        self._serial = 0  # of the latest figures computed (Figures.serial)
 
     def poll(self, window: Window, *, final: bool = False) -> Figures:
         """Read what was appended to the traces and compute the figures over `window`.
@@ -126,7 +127,8 @@ class LiveSource:
         return self._rows != self._audited_rows and self._clock() >= self._next_audit
 
     def _figures(self, window: Window) -> Figures:
-        self._last = compute_figures(self.store, window, analysis=self._analysis)
+        self._serial += 1
+        self._last = replace(compute_figures(self.store, window, analysis=self._analysis), serial=self._serial)
         return self._last
 
 

@@ -126,8 +126,9 @@ class MainScreen(Screen[None]):
             self.app.call_from_thread(self._show, analysed)
 
     def _show(self, figures: Figures) -> None:
-        # A result computed for a window the user has since left is dropped, not shown.
-        if figures.window == self.window:
+        # A result computed for a window the user has since left is dropped, not shown, and
+        # so is one older than what is shown (the reading and analysing workers race).
+        if figures.window == self.window and (self.figures is None or figures.serial >= self.figures.serial):
             self.figures = figures
 
     def watch_figures(self, figures: Figures | None) -> None:
