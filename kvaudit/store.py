@@ -117,8 +117,8 @@ class TraceStore:
     def con(self) -> duckdb.DuckDBPyConnection:
         """The DuckDB connection, with the `kv_*` tables as the last refresh left them.
 
-        In memory, the first use after a refresh ends a result of `execute()` left unread
-        (see `ArrowTables.register`).
+        Without a database, the first use after a refresh ends a result of `execute()` left
+        unread (see `ArrowTables.register`).
         """
         if self._held is not None:
             self._registered = self._held.register(self._con, self._registered)
@@ -169,11 +169,12 @@ class TraceStore:
         return store
 
     def _create(self) -> None:
-        for name, schema in TABLES.items() if self._held is None else ():
-            self.con.register("_empty", schema.empty_table())
-            # A store over Parquet (open_parquet) has views of these names already.
-            self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} AS SELECT * FROM _empty")
-            self.con.unregister("_empty")
+        if self._held is None:  # held tables are registered, not created (see `con`)
+            for name, schema in TABLES.items():
+                self.con.register("_empty", schema.empty_table())
+                # A store over Parquet (open_parquet) has views of these names already.
+                self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} AS SELECT * FROM _empty")
+                self.con.unregister("_empty")
         for name, body in _VIEWS.items():
             self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
 

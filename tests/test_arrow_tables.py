@@ -36,13 +36,13 @@ def test_each_connection_registers_the_tables_as_they_are_when_it_is_used():
     held = ArrowTables({"t": SCHEMA})
     con = duckdb.connect()
     cursor = con.cursor()
-    versions = {id(c): held.register(c, -1) for c in (con, cursor)}
+    at_con, at_cursor = held.register(con, -1), held.register(cursor, -1)
     con.execute("CREATE VIEW v AS SELECT * FROM t")  # views bind to each connection's own `t`
     held.append({"t": _rows(0, 3)})
     assert cursor.execute("SELECT count(*) FROM v").fetchone() == (0,)  # not registered again yet
-    versions[id(cursor)] = held.register(cursor, versions[id(cursor)])
+    at_cursor = held.register(cursor, at_cursor)
     assert cursor.execute("SELECT count(*) FROM v").fetchone() == (3,)
     assert con.execute("SELECT count(*) FROM v").fetchone() == (0,)
-    assert held.register(con, versions[id(con)]) == versions[id(cursor)]
+    assert held.register(con, at_con) == at_cursor
     assert con.execute("SELECT sum(n) FROM v").fetchone() == (3,)
-    assert held.register(cursor, versions[id(cursor)]) == versions[id(cursor)]  # nothing new: nothing done
+    assert held.register(cursor, at_cursor) == at_cursor  # nothing new: nothing done
