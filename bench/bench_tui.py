@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Final
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, setup_emitter
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.figures import Analysis, compute_figures
 from kvaudit.tui.findings import installed_auditor
 from kvaudit.tui.source import LiveSource

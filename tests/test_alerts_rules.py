@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from kvaudit.alerts.check import check_files
-from kvaudit.alerts.durations import parse_duration
 from kvaudit.alerts.rules import RuleFileError, load_default_pack, load_rules
 from kvaudit.alerts.templates import parse_template
 from kvaudit.cli import main
+from kvaudit.durations import parse_duration
 
 GOOD = """\
 groups:

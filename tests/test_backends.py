@@ -18,21 +18,22 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvaudit.audit import run_audit
-from kvaudit.backends import Backend, BackendError, open_backend
+from kvaudit.analyse.audit import run_audit
+from kvaudit.analyse.capacity import capacity_curve
+from kvaudit.analyse.named_queries import load
+from kvaudit.backends import Backend, BackendError
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend, connect
 from kvaudit.backends.clickhouse_load import create_table, load_files
 from kvaudit.backends.clickhouse_views import view_columns
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.backends.translate import to_clickhouse
-from kvaudit.capacity import capacity_curve
 from kvaudit.cli import main
+from kvaudit.commands.arguments import open_backend
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emission import setup_emitter
-from kvaudit.named_queries import load
-from kvaudit.otlp_schema import AnyValue, ArrayValue
-from kvaudit.reader import attribute_text
-from kvaudit.store import open_store
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.otlp.schema import AnyValue, ArrayValue
+from kvaudit.read.decode import attribute_text
+from kvaudit.read.open import open_store
 
 from .conftest import KV, full_page
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from kvaudit.cli import UsageError
+from kvaudit.commands.arguments import UsageError
 from kvaudit.commands.collect import kv_event_sources
 from kvaudit.kv_events.subscriber import Source
 from kvaudit.kv_events.wire import encode_seq
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .test_kv_events import HASHES, payload, stored
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvaudit.alerts.metrics import prometheus_name
 from kvaudit.commands.exporter import serve
-from kvaudit.store import TraceStore
+from kvaudit.present.metrics import prometheus_name
+from kvaudit.read.store import TraceStore
 
 from . import alert_traces
 

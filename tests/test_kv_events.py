@@ -18,11 +18,11 @@ import msgspec
 import pytest
 import zmq
 
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.kv_events.sequence import Gap, SequenceTracker
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
 from kvaudit.kv_events.wire import block_key, decode_batch, encode_seq, key_hash_algo
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 HASHES = [bytes([i]) * 32 for i in range(1, 5)]
 

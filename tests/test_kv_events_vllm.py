@@ -24,11 +24,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.analyse.named_queries import load
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source, SubscriberStats
 from kvaudit.kv_events.wire import decode_batch
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .servers import free_port
 from .tiny_model import tiny_llama

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.screens.drill import DrillScreen
 from kvaudit.tui.source import LiveSource

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.collector import CollectorServer, TraceSink
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emission import setup_emitter
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read.store import TraceStore
+from kvaudit.receive.otlp_http import CollectorServer
+from kvaudit.receive.trace_sink import TraceSink
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.source import NO_ALERTING, NO_AUDITOR, LiveSource
 

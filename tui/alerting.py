@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 # Evaluates the rules over a store (at the engine's own group intervals) and returns its alerts.
 Alerting = Callable[[TraceStore], tuple["AlertRow", ...]]

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from kvaudit.analyse.named_queries import load
 from kvaudit.contract import PageDescriptor
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.findings import FindingRow
 
 # The descriptor fields in the contract's order; the `pages` view names its columns alike.

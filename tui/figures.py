@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.analyse.named_queries import load
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.alerting import AlertRow
 from kvaudit.tui.findings import CRITICAL, FindingRow
 from kvaudit.tui.window import Window

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 # Calls the auditor over a store: whatever it returns must carry the fields of `FindingRow`.
 Auditor = Callable[[TraceStore], Sequence[Any]]
@@ -82,7 +82,7 @@ def finding_rows(findings: Iterable[Any]) -> tuple[FindingRow, ...]:
 def installed_auditor(skew_s: float) -> Auditor | None:
     """The auditor of `kvaudit.audit` with the given clock skew, or None when it is not installed."""
     try:
-        from kvaudit.audit import run_audit  # type: ignore[import-not-found]
+        from kvaudit.analyse.audit import run_audit  # type: ignore[import-not-found]
     except ImportError:
         return None
     return lambda store: run_audit(store, skew_s=skew_s)

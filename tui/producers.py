@@ -13,8 +13,8 @@ from typing import Final
 
 import pyarrow as pa
 
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.analyse.named_queries import load
+from kvaudit.read.store import TraceStore
 
 _NEW_PAGES: Final = "tui_new_pages"
 

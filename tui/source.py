@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
 from kvaudit.tui.figures import Analysis, Figures, compute_figures

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from kvaudit.contract import PageDescriptor, Tier
+from kvaudit.contract import PageDescriptor, Tier, Transfer
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from lmcache.v1.metadata import LMCacheMetadata
 
 # LMCache copies every fetched payload into a memory object of its own.
-TRANSFER: Final = "copy"
+
 
 _TIER_OF_BACKEND: Final = {
     "LocalCPUBackend": Tier.CPU.value,
@@ -86,7 +86,7 @@ def store_page(
         kv_heads=kv_heads,
         head_size=head_size,
         checksum=checksum,
-        transfer=TRANSFER,
+        transfer=Transfer.COPY,
     )
 
 
@@ -112,7 +112,7 @@ def fetch_page(
         world_size=key.world_size,
         rank=key.worker_id,
         checksum=checksum,
-        transfer=TRANSFER,
+        transfer=Transfer.COPY,
         tier=tier,
     )
     if carried_meta:

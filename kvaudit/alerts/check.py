@@ -18,7 +18,7 @@ import duckdb
 from kvaudit.alerts.context import prepare
 from kvaudit.alerts.evaluate import EvaluationError, classify, relation
 from kvaudit.alerts.rules import Problem, Rule, read_rule_files
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 _SQL_LINE: Final = re.compile(r"^LINE (\d+):", re.MULTILINE)
 # Binder and catalog errors carry no line, but name what they did not find.

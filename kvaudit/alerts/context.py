@@ -16,17 +16,14 @@ ingested database too, and never changes what the database holds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from importlib.resources import files
-from importlib.resources.abc import Traversable
 from typing import Final
 
 import duckdb
 import pyarrow as pa
 
-from kvaudit.audit import run_audit
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.analyse.audit import run_audit
+from kvaudit.analyse.named_queries import load, named_queries
+from kvaudit.read.store import TraceStore
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +52,3 @@ def prepare(store: TraceStore) -> None:
         "LEFT JOIN (SELECT trace_id, span_id, end_time FROM spans) s USING (trace_id, span_id)"
     )
     con.unregister("_findings")
-
-
-def named_queries() -> list[str]:
-    """Names of the named queries shipped with kvaudit, e.g. `summary`, `audit/kva001_...`."""
-    return sorted(_walk(files("kvaudit.queries"), ""))
-
-
-def _walk(folder: Traversable, prefix: str) -> Iterator[str]:
-    for entry in folder.iterdir():
-        if entry.is_dir():
-            yield from _walk(entry, f"{prefix}{entry.name}/")
-        elif entry.name.endswith(".sql"):
-            yield prefix + entry.name.removesuffix(".sql")

@@ -25,7 +25,7 @@ from kvaudit.alerts.evaluate import EvaluationError, Sample, evaluate_rule
 from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
 from kvaudit.alerts.rules import ALERTNAME, Group, Rule
 from kvaudit.alerts.state_file import load_state, save_state
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 
 from kvaudit.backends.base import Backend, BackendError, Params, Rows
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 
 class DuckDBBackend(Backend):

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from kvaudit.alerts.check import check_files
 from kvaudit.alerts.dispatch import Dispatcher
-from kvaudit.alerts.durations import parse_duration
 from kvaudit.alerts.engine import RuleEngine
 from kvaudit.alerts.http import HttpPoster
 from kvaudit.alerts.instances import AlertInstance, AlertState
@@ -22,9 +21,10 @@ from kvaudit.alerts.notifiers import parse_notifier
 from kvaudit.alerts.payloads import rfc3339
 from kvaudit.alerts.rules import ALERTNAME, Group, default_pack_text, load_default_pack, load_rules
 from kvaudit.alerts.templates import format_value
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.output import FORMATS, warn_read_errors, write_rows
-from kvaudit.store import TraceStore, open_store
+from kvaudit.commands.arguments import UsageError, command_parser, duration
+from kvaudit.present.rows import FORMATS, warn_read_errors, write_rows
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
 
 DEFAULT_STATE = "kvaudit-alerts.state.json"
 
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     watch = actions.add_parser("watch", help="evaluate as trace files grow; keep alert state on disk; notify")
     _add_common(watch)
-    watch.add_argument("--interval", default="15s", help="evaluation interval (Prometheus duration, default 15s)")
+    watch.add_argument("--interval", type=duration, default=15.0, help="evaluation interval (default 15s)")
     watch.add_argument("--state", default=DEFAULT_STATE, help=f"alert state file (default {DEFAULT_STATE})")
     watch.add_argument(
         "--notify",
@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="stdout, file:PATH, webhook:URL or alertmanager:URL; repeatable (default: stdout)",
     )
-    watch.add_argument("--timeout", default="5s", help="per HTTP attempt (default 5s)")
+    watch.add_argument("--timeout", type=duration, default=5.0, help="per HTTP attempt (default 5s)")
     watch.add_argument("--retries", type=int, default=3, help="HTTP retries after the first attempt (default 3)")
     watch.add_argument("--once", action="store_true", help="evaluate and notify once, then exit (for cron and tests)")
     watch.set_defaults(run=run_watch)
@@ -115,10 +115,10 @@ def _row(alert: AlertInstance) -> tuple[object, ...]:
 def run_watch(args: argparse.Namespace) -> int:
     if any(str(p).endswith(".duckdb") for p in args.paths):
         raise UsageError("watch reads trace files as they grow; give trace files, not an ingested database")
-    interval = parse_duration(args.interval)
+    interval = args.interval
     if interval <= 0:
         raise UsageError("--interval must be longer than 0s")
-    http = HttpPoster(timeout_s=parse_duration(args.timeout), retries=args.retries)
+    http = HttpPoster(timeout_s=args.timeout, retries=args.retries)
     dispatcher = Dispatcher([parse_notifier(spec, http) for spec in args.notify or ["stdout"]])
     engine = RuleEngine(_groups(args.rules), state_path=args.state)
     store = TraceStore(args.paths, ":memory:")  # queried after every refresh: DuckDB's own tables

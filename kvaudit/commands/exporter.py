@@ -8,9 +8,10 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from kvaudit.alerts.metrics import TraceMetrics
-from kvaudit.cli import command_parser
-from kvaudit.store import TraceStore, open_store
+from kvaudit.commands.arguments import command_parser
+from kvaudit.present.metrics import TraceMetrics
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvaudit.backends import add_backend_option, open_backend
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.output import FORMATS, warn_read_errors, write_rows
+from kvaudit.commands.arguments import TRACE_PATHS_HELP, UsageError, add_backend_option, command_parser, open_backend
+from kvaudit.present.rows import FORMATS, warn_read_errors, write_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "paths",
         nargs="*",
         metavar="PATH",
-        help="trace files, directories, globs, one .duckdb from `kvaudit ingest`, or a Parquet directory",
+        help=TRACE_PATHS_HELP,
     )
     parser.add_argument("-f", "--file", help="read the query from this .sql file")
     parser.add_argument("--format", choices=FORMATS, default="table")

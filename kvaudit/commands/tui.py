@@ -9,9 +9,11 @@ from pathlib import Path
 
 import msgspec
 
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.collector import CollectorServer, TraceSink, parse_address
-from kvaudit.store import TraceStore, open_store
+from kvaudit.commands.arguments import UsageError, add_skew_option, command_parser, duration
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
+from kvaudit.receive.otlp_http import CollectorServer, parse_address
+from kvaudit.receive.trace_sink import TraceSink
 from kvaudit.tui.alerting import rule_alerting
 from kvaudit.tui.findings import installed_auditor
 from kvaudit.tui.source import NO_ALERTING, NO_RULES, LiveSource, snapshot
@@ -42,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--window", choices=[w.name for w in WINDOWS], default=DEFAULT_WINDOW.name, help="initial time window"
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads of the traces")
-    parser.add_argument("--skew", type=float, default=1.0, help="clock skew allowed between replicas, in seconds")
+    parser.add_argument("--interval", type=duration, default=1.0, help="time between reads of the traces (default 1s)")
+    add_skew_option(parser)
     parser.add_argument("--rules", metavar="FILE", help="alert rule file whose pending and firing alerts to show")
     parser.add_argument("--snapshot", action="store_true", help="print the figures once as JSON and exit")
     parser.set_defaults(run=run)

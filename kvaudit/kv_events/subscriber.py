@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from kvaudit.emission import Emitter
+from kvaudit.emit.emitter import Emitter
 from kvaudit.kv_events.replay import ReplayClient
 from kvaudit.kv_events.sequence import Gap, SequenceTracker
 from kvaudit.kv_events.translate import StreamTranslator

@@ -7,7 +7,8 @@
 --   the KV layout with a chunk), so a mismatch there would go unseen. Rules KVA004 and
 --   KVA005 compare only fields present on both sides: absence is this rule's alone.
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON array of the missing names.
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is a JSON array of the missing names.
 WITH checked AS (
     SELECT *,
            concat_ws(', ',
@@ -27,15 +28,8 @@ WITH checked AS (
 )
 SELECT 'KVA001' AS code,
        'incomplete-metadata' AS rule,
-       severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        '["' || replace(missing, ', ', '","') || '"]' AS fields,
        'fetched page lacks ' || missing AS message,
-       producer,
-       file,
-       line
+       *
 FROM checked
 WHERE missing <> '';

@@ -12,12 +12,12 @@ from typing import Any, Final, TextIO
 import numpy as np
 from rich.console import Console
 
-from kvaudit.analysis import run_named
-from kvaudit.audit import Finding, run_audit
+from kvaudit.analyse.audit import Finding, run_audit
+from kvaudit.analyse.capacity import CapacityCurve, capacity_curve
+from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Source
-from kvaudit.capacity import CapacityCurve, capacity_curve
-from kvaudit.findings_output import write_table
-from kvaudit.output import write_rows
+from kvaudit.present.findings import write_table
+from kvaudit.present.rows import write_rows
 
 # The named queries a report shows, in order, with their section titles.
 SECTIONS: Final = {
@@ -32,13 +32,26 @@ SECTIONS: Final = {
 TERMINAL_COLUMNS: Final = {
     "cross_replica_reuse": ["request_class", "producer", "consumer", "pages", "tokens", "token_share"],
     "reuse": [
-        "replica", "pages_stored", "wasted_stores", "pages_fetched", "reuse_p50_s", "reuse_p90_s",
-        "evicted_pages", "evicted_before_reuse",
+        "replica",
+        "pages_stored",
+        "wasted_stores",
+        "pages_fetched",
+        "reuse_p50_s",
+        "reuse_p90_s",
+        "evicted_pages",
+        "evicted_before_reuse",
     ],
     "prefix_locality": ["requests", "locality_p10", "locality_p50", "locality_p90", "reusable_tokens", "hit_tokens"],
     "hit_rate": ["replica", "hook", "op", "operations", "tokens_requested", "tokens_hit", "hit_rate"],
     "transfer_overhead": [
-        "replica", "op", "backend", "p50_ms", "p99_ms", "gb_per_s", "ms_per_token", "slower_than_recompute",
+        "replica",
+        "op",
+        "backend",
+        "p50_ms",
+        "p99_ms",
+        "gb_per_s",
+        "ms_per_token",
+        "slower_than_recompute",
     ],
 }
 # A bucket longer than any trace: the terminal shows one total per replica and layer.

@@ -24,8 +24,8 @@ from typing import Final
 import numba
 import numpy as np
 
+from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Source, as_backend
-from kvaudit.named_queries import load
 
 STREAM_QUERY: Final = "capacity_curve"
 # Traces up to this many accesses are computed exactly when no rate is given.

@@ -44,7 +44,7 @@ from kvaudit.contract import (
     SpanAttr,
     TelemetryAttr,
 )
-from kvaudit.span_batcher import SpanBatcher
+from kvaudit.emit.span_batcher import SpanBatcher
 
 logger = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ def exporter_for(export: str | None, replica: str) -> SpanExporter:
             endpoint=url if url.rstrip("/").endswith("/v1/traces") else url.rstrip("/") + "/v1/traces"
         )
     if spec.startswith("file:"):
-        from kvaudit.file_exporter import OTLPJsonFileExporter
+        from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 
         return OTLPJsonFileExporter(spec.removeprefix("file:").replace("{replica}", replica))
     raise ValueError(f"kvaudit export {spec!r}: expected file:PATH or otlp:URL")

@@ -1,11 +1,13 @@
-"""The auditor: rules KVA001-KVA007 of DESIGN.md section 4 over the kvaudit views.
+"""The auditor: rules KVA001-KVA007 of docs/design.md section 4 over the kvaudit views.
 
 Every rule is SQL in `queries/audit/` (one file per rule, `kva00N_<name>.sql`) over
 `audit_fetches`, which `queries/audit/lineage.sql` defines: fetched pages beside their
 producer's stored descriptor (`queries/audit/producers.sql`, the earliest store of each
 key) and their consumer's configuration. This module composes them into one statement,
-with the producers and the lineage as CTEs that every rule reads, and turns the rows
-into `Finding`s; what a rule checks is in its SQL.
+with the producers and the lineage as CTEs that every rule reads, keeps of each rule's
+rows the columns of `Finding` (a rule selects its code, rule, fields and message beside
+the fetched page's columns), and turns the rows into `Finding`s; what a rule checks is
+in its SQL.
 
 The producers are materialised: one row per stored key, computed once instead of once
 per rule (the window that picks the earliest store was most of each rule's time). The
@@ -16,6 +18,7 @@ lineage is deliberately not: each rule then streams its one hash join again, whi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from importlib.resources import files
@@ -23,9 +26,9 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend, Source, as_backend
 from kvaudit.contract import DTYPE_BYTES
-from kvaudit.named_queries import load
 
 SEVERITY_ORDER: Final = {"critical": 0, "warning": 1, "info": 2}
 PRODUCERS_QUERY: Final = "audit/producers"
@@ -76,7 +79,8 @@ def run_audit(source: Source, *, skew_s: float = 1.0) -> list[Finding]:
 
 def audit_query() -> str:
     """One statement: the producers and the lineage as CTEs, then every rule's rows."""
-    rules = " UNION ALL ".join(f"SELECT * FROM ({_statement(name)})" for name in rule_queries())
+    columns = ", ".join(field.name for field in dataclasses.fields(Finding))
+    rules = " UNION ALL ".join(f"SELECT {columns} FROM ({_statement(name)})" for name in rule_queries())
     return (
         f"WITH audit_producers AS MATERIALIZED ({_statement(PRODUCERS_QUERY)}),"
         f" audit_fetches AS NOT MATERIALIZED ({_statement(LINEAGE_QUERY)}) {rules}"
@@ -115,4 +119,3 @@ def _sort_key(finding: Finding) -> tuple[Any, ...]:
         finding.file or "",
         finding.line or 0,
     )
-

@@ -23,7 +23,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from kvaudit import otlp_schema as s
+from kvaudit.otlp import schema as s
 
 # SpanKind in the SDK counts from 0 (INTERNAL); OTLP counts from 1 (0 is UNSPECIFIED).
 _KIND = {kind: kind.value + 1 for kind in SpanKind}

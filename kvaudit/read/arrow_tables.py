@@ -11,7 +11,8 @@ runs a query (`ArrowTables.register`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Final
 
 import duckdb
@@ -38,6 +39,11 @@ class ArrowTables:
         self._lock = threading.Lock()
         self._version = 0
         self._tables: dict[str, pa.Table] | None = None  # the pieces concatenated, once asked for
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One refresh's appends: each is visible as soon as it is made, so there is nothing to group."""
+        yield
 
     def append(self, tables: Mapping[str, pa.Table]) -> None:
         """Add rows to the named tables (each with its table's schema)."""

@@ -18,21 +18,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import duckdb
-import pyarrow as pa
 
-from kvaudit.reader import ERRORS_SCHEMA, PAGES_SCHEMA, RESOURCES_SCHEMA, SPANS_SCHEMA
+from kvaudit.read.columns import DUCKDB_TYPE, TABLES
 
 if TYPE_CHECKING:
-    from kvaudit.store import TraceStore
+    from kvaudit.read.store import TraceStore
 
 _NULL_PARTITION: Final = "__HIVE_DEFAULT_PARTITION__"  # how hive partitioning writes NULL
 MARKER: Final = "kvaudit-parquet"  # an empty file naming a local directory as a dataset
-# Table -> (its schema, its time column for partitioning by day or None, its sort order).
-TABLES: Final[dict[str, tuple[pa.Schema, str | None, str]]] = {
-    "kv_pages": (PAGES_SCHEMA, "time_ns", "replica, key, time_ns"),
-    "kv_spans": (SPANS_SCHEMA, "start_ns", "replica, start_ns, trace_id"),
-    "kv_resources": (RESOURCES_SCHEMA, None, "resource_id"),
-    "kv_read_errors": (ERRORS_SCHEMA, None, "file, line"),
+# Table -> (its time column for partitioning by day or None, its sort order).
+LAYOUT: Final[dict[str, tuple[str | None, str]]] = {
+    "kv_pages": ("time_ns", "replica, key, time_ns"),
+    "kv_spans": ("start_ns", "replica, start_ns, trace_id"),
+    "kv_resources": (None, "resource_id"),
+    "kv_read_errors": (None, "file, line"),
 }
 
 
@@ -56,7 +55,7 @@ def write(store: TraceStore, root: str) -> dict[str, int]:
     Path(root).mkdir(parents=True, exist_ok=True)
     (Path(root) / MARKER).touch()
     written = {}
-    for table, (_, time_column, order) in TABLES.items():
+    for table, (time_column, order) in LAYOUT.items():
         folder = _folder(root, table)
         rows = f"SELECT * FROM {table} ORDER BY {order}"
         if time_column is None:
@@ -87,7 +86,8 @@ def sources(root: str, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     files of different ingests are matched by column name.
     """
     queries = {}
-    for table, (schema, time_column, _) in TABLES.items():
+    for table, (time_column, _) in LAYOUT.items():
+        schema = TABLES[table]
         pattern = _escape(
             f"{_folder(root, table)}/**/*.parquet" if time_column else f"{_folder(root, table)}/*.parquet"
         )
@@ -96,22 +96,11 @@ def sources(root: str, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
         scan = f"read_parquet('{pattern}', union_by_name = true{hive})"
         present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()}
         columns = ", ".join(
-            f'"{field.name}"'
-            if field.name in present
-            else f'CAST(NULL AS {_DUCKDB_TYPE[field.type]}) AS "{field.name}"'
+            f'"{field.name}"' if field.name in present else f'CAST(NULL AS {DUCKDB_TYPE[field.type]}) AS "{field.name}"'
             for field in schema
         )
         queries[table] = f"SELECT {columns} FROM {scan}"
     return queries
-
-
-_DUCKDB_TYPE: Final = {
-    pa.string(): "VARCHAR",
-    pa.int64(): "BIGINT",
-    pa.bool_(): "BOOLEAN",
-    pa.list_(pa.int64()): "BIGINT[]",
-    pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
-}
 
 
 def _escape(text: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Final
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from kvaudit.report import Report, Table, capacity_points
+from kvaudit.present.report import Report, Table, capacity_points
 
 FINDINGS_SHOWN: Final = 100
 _SEVERITY_COLOR: Final = {"critical": "#c0392b", "warning": "#d68910", "info": "#2471a3"}
@@ -122,9 +122,7 @@ def _series_figure(table: Table, series_by: tuple[str, ...], x: str, y: str) -> 
     for series in sorted({tuple(r[c] for c in series_by) for r in records}):
         points = [r for r in records if tuple(r[c] for c in series_by) == series]
         figure.add_trace(
-            go.Scatter(
-                x=[p[x] for p in points], y=[p[y] for p in points], mode="lines+markers", name=" ".join(series)
-            )
+            go.Scatter(x=[p[x] for p in points], y=[p[y] for p in points], mode="lines+markers", name=" ".join(series))
         )
     return figure
 

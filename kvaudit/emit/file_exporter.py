@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from kvaudit.line_file import LineFile
-from kvaudit.otlp_json import spans_to_line
+from kvaudit.emit.line_file import LineFile
+from kvaudit.otlp.encode import spans_to_line
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 

@@ -32,8 +32,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from kvaudit.buffer_pool import BufferPool
 from kvaudit.contract import EVENT_PAGE
+from kvaudit.read.buffer_pool import BufferPool
 
 # Column kinds as the scanner numbers them (kvaudit.reader maps its own kinds onto these).
 STR, INT, BOOL, INTS = 0, 1, 2, 3

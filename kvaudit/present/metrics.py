@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from kvaudit.alerts.context import prepare
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 # UCUM units as OpenTelemetry's Prometheus translation spells them.
 _UNIT_WORDS: Final = {"By": "bytes", "s": "seconds", "ms": "milliseconds", "1": "ratio"}

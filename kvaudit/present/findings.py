@@ -10,7 +10,7 @@ from typing import Final, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from kvaudit.audit import Finding
+from kvaudit.analyse.audit import Finding
 
 # Rows shown per rule and severity in the table by default; the JSON output has them all.
 TABLE_ROWS_PER_GROUP: Final = 50

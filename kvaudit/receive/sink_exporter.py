@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from kvaudit.collector import TraceSink
-from kvaudit.otlp_json import line_to_traces_data, spans_to_line
+from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
+from kvaudit.receive.trace_sink import TraceSink
 
 
 class SinkExporter(SpanExporter):
