@@ -35,7 +35,7 @@ from kvaudit.read.store import TraceStore
 REPLICAS: Final = 16
 PAGES_PER_SPAN: Final = 128
 PAGE_TOKENS: Final = 256
-# Gemma-2-27B pages (DESIGN.md section 5): 46 layers x 16 KV heads x head size 128, bf16.
+# Gemma-2-27B pages (docs/design.md section 5): 46 layers x 16 KV heads x head size 128, bf16.
 SHAPE: Final = (2, 46, PAGE_TOKENS, 16 * 128)
 PAGE_BYTES: Final = 2 * 46 * PAGE_TOKENS * 16 * 128 * 2
 START_NS: Final = 1_796_083_200 * 10**9  # 2026-12-01 00:00 UTC

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvaudit.analyse.audit import run_audit
 from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH
 from kvaudit.read.store import TraceStore
@@ -182,13 +183,12 @@ def test_ground_truth_is_what_the_traces_show(tmp_path: Path, guard: bool):
 
 
 def test_auditor_finds_every_injected_fault_and_nothing_on_a_clean_run(tmp_path: Path):
-    audit = pytest.importorskip("kvaudit.analyse.audit", reason="the auditor (issue 5) is not on this branch yet")
     result, store = _run(FAULTY, tmp_path / "faulty")
-    found = {(f.replica, f.trace_id, f.key) for f in audit.run_audit(store)}
+    found = {(f.replica, f.trace_id, f.key) for f in run_audit(store)}
     missed = [t for t in result.ground_truth if (t.replica, t.trace_id, t.key) not in found]
     assert not missed, f"{len(missed)} of {len(result.ground_truth)} injected faults not found, e.g. {missed[0]}"
     _, clean = _run(SMALL, tmp_path / "clean")
-    assert audit.run_audit(clean) == []
+    assert run_audit(clean) == []
 
 
 def test_local_tier_serves_its_own_replica_first(tmp_path: Path):

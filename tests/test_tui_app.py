@@ -182,7 +182,7 @@ def test_window_and_sort_keys(fleet: Fleet, trace_dir: Path):
             await pilot.press("4")
             await until(lambda: app.main.figures.window == "all")
             assert next(r for r in app.main.figures.replicas if r.replica == "r2").requests == 3
-            assert "auditor unavailable" in str(app.query_one("#findings").border_title)
+            assert "not audited" in str(app.query_one("#findings").border_title)
 
             table = app.query_one(ReplicaTable)
             table.focus()

@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from kvaudit.analyse.audit import run_audit
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
@@ -357,8 +358,7 @@ def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceSto
 
 
 def test_audit_reports_the_fault(store: TraceStore) -> None:
-    audit = pytest.importorskip("kvaudit.analyse.audit", reason="the auditor (issue 5) is not in this tree")
-    findings = audit.run_audit(store)
+    findings = run_audit(store)
     by_replica: dict[str, set[tuple[str, str]]] = {}
     for finding in findings:
         by_replica.setdefault(finding.replica, set()).add((finding.code, finding.severity))

@@ -1,4 +1,4 @@
-"""Page descriptors of LMCache's stored and fetched memory objects (DESIGN.md section 3).
+"""Page descriptors of LMCache's stored and fetched memory objects (docs/design.md section 3).
 
 A store descriptor is complete: the storing engine knows its own configuration. A
 fetch descriptor holds only what the fetched object carried: its key (model, world
@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.memory_management import MemoryObj
     from lmcache.v1.metadata import LMCacheMetadata
-
-# LMCache copies every fetched payload into a memory object of its own.
-
 
 _TIER_OF_BACKEND: Final = {
     "LocalCPUBackend": Tier.CPU.value,
@@ -86,6 +83,7 @@ def store_page(
         kv_heads=kv_heads,
         head_size=head_size,
         checksum=checksum,
+        # LMCache copies every payload into a memory object of its own.
         transfer=Transfer.COPY,
     )
 

@@ -9,7 +9,7 @@ inner connector's metadata to units and describes their pages:
 - on a fetch, only from what the fetched object carries (file headers, sizes),
   never from the consumer's configuration.
 
-Layouts use DESIGN.md's names for the axes of one layer's payload (`NB` blocks, `NT`
+Layouts use docs/design.md's names for the axes of one layer's payload (`NB` blocks, `NT`
 tokens, `BS` tokens of a block, `NH` KV heads, `2HS` K and V packed on one axis); a
 page's `shape` is `(layers, *one layer's share of the page)`.
 """

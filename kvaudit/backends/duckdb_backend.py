@@ -8,7 +8,8 @@ from contextlib import contextmanager
 import duckdb
 import pyarrow as pa
 
-from kvaudit.backends.base import Backend, BackendError, Params, Rows
+from kvaudit.backends.base import RECENT, Backend, BackendError, Params, Rows
+from kvaudit.read.columns import Tables
 from kvaudit.read.store import TraceStore
 
 
@@ -23,16 +24,28 @@ class DuckDBBackend(Backend):
 
     def __init__(self, store: TraceStore) -> None:
         self.store = store
+        with _errors():  # kvaudit SQL's own function (see `base`), on this connection
+            store.con.execute(f"CREATE OR REPLACE TEMP MACRO recent(ts, span) AS {RECENT}")
 
     def query(self, sql: str, params: Params | None = None) -> tuple[list[str], Rows]:
-        with self._variables(params):
+        with self._variables(params), _errors():
             return self.store.query(sql)
 
     def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
-        with self._variables(params):
+        with self._variables(params), _errors():
             # A relation hands its rows to Arrow without the copy a cursor's result makes.
             relation = self.store.sql(sql)
             return relation.to_arrow_table() if relation is not None else pa.table({})
+
+    def temp_view(self, name: str, sql: str) -> None:
+        with _errors():
+            self.store.con.execute(f"CREATE OR REPLACE TEMP VIEW {_identifier(name)} AS {sql}")
+
+    def refresh(self, *, final: bool = True) -> Tables | None:
+        return self.store.refresh(final=final) if self.store.follows_files else None
+
+    def cursor(self) -> DuckDBBackend:
+        return DuckDBBackend(self.store.cursor())
 
     def temp_table(self, name: str, table: pa.Table) -> None:
         con = self.store.con
@@ -65,7 +78,7 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except duckdb.Error as exc:
-        raise BackendError(str(exc).splitlines()[0]) from None
+        raise BackendError(str(exc).splitlines()[0], str(exc)) from None
 
 
 def _identifier(name: str) -> str:

@@ -59,16 +59,19 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         metavar="URL",
-        help="query ClickHouse behind the OpenTelemetry Collector (clickhouse://HOST:PORT/DB[?table=otel_traces])"
-        " instead of DuckDB over the PATHs",
+        help="query ClickHouse behind the OpenTelemetry Collector (clickhouse://HOST:PORT/DB[?table=otel_traces],"
+        " or chdb:///DIR for the engine in-process) instead of DuckDB over the PATHs",
     )
 
 
-def open_backend(url: str | None, paths: Sequence[str], *, database: str | None = None) -> Backend:
+def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, workers: int | None = None) -> Backend:
     """The backend a command asked for: ClickHouse at `url`, or DuckDB over `paths`.
 
     Args:
-        database: for trace paths, where their rows go (see `kvaudit.read.store.TraceStore`).
+        live: trace files are read as they grow (`Backend.refresh`, nothing read yet) into
+            DuckDB's own tables, which keep each row group's min and max for the windowed
+            queries a live view repeats; otherwise they are read whole now, held as Arrow.
+        workers: decoding threads (default: one per CPU).
 
     Raises:
         UsageError: both or neither of `url` and `paths`.
@@ -80,14 +83,24 @@ def open_backend(url: str | None, paths: Sequence[str], *, database: str | None 
         if not paths:
             raise UsageError("give trace paths, or --backend URL")
         from kvaudit.backends.duckdb_backend import DuckDBBackend
-        from kvaudit.read.open import open_store
+        from kvaudit.read.open import is_trace_files, open_store
+        from kvaudit.read.store import TraceStore
 
-        return DuckDBBackend(open_store(paths, database=database))
+        if live and is_trace_files(paths):
+            return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
+        return DuckDBBackend(open_store(paths))
     if paths:
         raise UsageError("give either trace paths or --backend URL, not both")
     from kvaudit.backends.clickhouse import connect  # its clients load only when asked for
 
     return connect(url)
+
+
+def warn_backend_read_errors(backend: Backend) -> None:
+    """Name the backend's unreadable lines on stderr (see `kvaudit.present.rows.warn_read_errors`)."""
+    from kvaudit.present.rows import warn_read_errors
+
+    warn_read_errors(backend.query("SELECT file, line, reason FROM read_errors ORDER BY file, line")[1])
 
 
 def require_spans(backend: Backend) -> None:

@@ -4,7 +4,7 @@ Each line goes out in a single `write` on an `O_APPEND` descriptor, so a writer
 killed mid-line leaves at most one truncated last line. A file is never shared by
 two writers: lines of page descriptors are far longer than what one write keeps
 atomic, so a second process that finds the file locked writes to a sibling named
-after its pid instead (DESIGN.md section 2).
+after its pid instead (docs/design.md section 2).
 """
 
 from __future__ import annotations

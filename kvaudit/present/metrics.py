@@ -2,7 +2,7 @@
 
 Each scrape reads what was appended to the trace files since the last one and
 computes the figures with SQL over the views, the named queries and the audit's
-findings (see `context`). Names are defined OTel-style (dotted,
+findings (see `kvaudit.analyse.derived_views`). Names are defined OTel-style (dotted,
 with a UCUM unit) and translated the way OpenTelemetry's Prometheus exporter does
 (`kvaudit.fetch.duration` in `s` → `kvaudit_fetch_duration_seconds`), so dashboards
 built on either path agree.
@@ -19,8 +19,8 @@ from typing import Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvaudit.alerts.context import prepare
-from kvaudit.read.store import TraceStore
+from kvaudit.analyse.derived_views import prepare
+from kvaudit.backends import Backend
 
 # UCUM units as OpenTelemetry's Prometheus translation spells them.
 _UNIT_WORDS: Final = {"By": "bytes", "s": "seconds", "ms": "milliseconds", "1": "ratio"}
@@ -81,7 +81,7 @@ _FETCH_SPANS: Final = f"""
     SELECT replica, coalesce(sum(tokens_requested), 0), coalesce(sum(tokens_hit), 0), coalesce(sum(bytes), 0),
            count(*), coalesce(sum(duration_ms), 0) / 1e3, {_BUCKET_COLUMNS}
     FROM spans WHERE op = 'fetch' AND replica IS NOT NULL GROUP BY replica ORDER BY replica"""
-# The named query `cross_replica_reuse` (a view, see `context`) knows each fetched page's producer.
+# The named query `cross_replica_reuse` (a view, see `derived_views`) knows each fetched page's producer.
 _CROSS_REPLICA: Final = """
     SELECT consumer, producer, sum(tokens) FROM query_cross_replica_reuse WHERE crossed GROUP BY ALL ORDER BY ALL"""
 _FINDINGS: Final = "SELECT code, rule, severity, count(*) FROM findings GROUP BY ALL ORDER BY ALL"
@@ -89,24 +89,23 @@ _PAGES: Final = "SELECT replica, op, count(*) FROM pages WHERE op IS NOT NULL GR
 
 
 class TraceMetrics(Collector):
-    """A prometheus_client collector over a store; each scrape reads what was appended first.
+    """A prometheus_client collector over a backend; each scrape takes in what arrived first.
 
     Args:
-        store: the traces (an ingested database is read as it is).
-        refresh: read appended lines before each scrape.
+        backend: the traces (trace files are read as they grow; other backends as they are).
+        skew_s: clock skew allowed between replicas (the audit's findings).
     """
 
-    def __init__(self, store: TraceStore, *, refresh: bool = True) -> None:
-        self.store = store
-        self._refresh = refresh
-        # One DuckDB connection serves every scrape: scrapes take turns.
+    def __init__(self, backend: Backend, *, skew_s: float = 1.0) -> None:
+        self.backend = backend
+        self._skew_s = skew_s
+        # One connection serves every scrape: scrapes take turns.
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            if self._refresh:
-                self.store.refresh(final=False)
-            prepare(self.store)
+            self.backend.refresh(final=False)
+            prepare(self.backend, skew_s=self._skew_s)
             yield from self._fetch_families()
             yield self._family(CROSS_TOKENS, ["replica", "producer"], _CROSS_REPLICA)
             yield self._family(PAGES, ["replica", "op"], _PAGES)
@@ -119,7 +118,7 @@ class TraceMetrics(Collector):
         ratio = GaugeMetricFamily(HIT_RATIO.prometheus, HIT_RATIO.help, labels=["replica"])
         size = CounterMetricFamily(FETCH_SIZE.prometheus, FETCH_SIZE.help, labels=["replica"])
         duration = HistogramMetricFamily(FETCH_DURATION.prometheus, FETCH_DURATION.help, labels=["replica"])
-        for replica, req, got, nbytes, count, seconds, *buckets in self.store.query(_FETCH_SPANS)[1]:
+        for replica, req, got, nbytes, count, seconds, *buckets in self.backend.query(_FETCH_SPANS)[1]:
             requested.add_metric([replica], req)
             hit.add_metric([replica], got)
             if req:
@@ -132,6 +131,6 @@ class TraceMetrics(Collector):
     def _family(self, spec: _Spec, labels: list[str], query: str) -> Metric:
         family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
         family = family_type(spec.prometheus, spec.help, labels=labels)
-        for *values, number in self.store.query(query)[1]:
+        for *values, number in self.backend.query(query)[1]:
             family.add_metric([str(v) for v in values], number)
         return family

@@ -28,13 +28,17 @@ ARROW_TYPE: Final = {
 RESOURCES_SCHEMA: Final = pa.schema(
     [("resource_id", pa.int64())] + [(name, ARROW_TYPE[kind]) for name, (_, kind) in RESOURCE_COLUMNS.items()]
 )
-SPAN_HEAD: Final = [
+# Where a row came from: its line of its file, its process and replica, its span.
+_ORIGIN: Final = [
     ("file", pa.string()),
     ("line", pa.int64()),
     ("resource_id", pa.int64()),
     ("replica", pa.string()),
     ("trace_id", pa.string()),
     ("span_id", pa.string()),
+]
+SPAN_HEAD: Final = [
+    *_ORIGIN,
     ("parent_span_id", pa.string()),
     ("name", pa.string()),
     ("start_ns", pa.int64()),
@@ -49,12 +53,7 @@ SPANS_SCHEMA: Final = pa.schema(
     + [("attributes", pa.map_(pa.string(), pa.string()))]
 )
 PAGE_HEAD: Final = [
-    ("file", pa.string()),
-    ("line", pa.int64()),
-    ("resource_id", pa.int64()),
-    ("replica", pa.string()),
-    ("trace_id", pa.string()),
-    ("span_id", pa.string()),
+    *_ORIGIN,
     # The operation's own attributes, repeated on its pages so queries need no join.
     ("op", pa.string()),
     ("hook", pa.string()),

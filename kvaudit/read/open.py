@@ -26,14 +26,20 @@ def open_store(
     """
     if len(paths) == 1 and parquet.is_dataset(str(paths[0])):
         return open_parquet(str(paths[0]))
-    databases = [p for p in paths if str(p).endswith(".duckdb")]
-    if databases:
+    if not is_trace_files(paths):
         if len(paths) != 1:
             raise ValueError("give either one database written by `kvaudit ingest` or trace files, not both")
-        return open_ingested(databases[0])
+        return open_ingested(str(paths[0]))
     store = TraceStore(paths, database)
     store.refresh(progress=progress)
     return store
+
+
+def is_trace_files(paths: Sequence[str]) -> bool:
+    """Whether `paths` name trace files (not a database or Parquet dataset written by `kvaudit ingest`)."""
+    if len(paths) == 1 and parquet.is_dataset(str(paths[0])):
+        return False
+    return not any(str(p).endswith(".duckdb") for p in paths)
 
 
 def open_ingested(database: str) -> TraceStore:

@@ -1,6 +1,6 @@
 """Read OTLP JSON trace files into columns: spans, page descriptors, resources, errors.
 
-Verbose JSON is the bottleneck of the analysis side (DESIGN.md section 5), so each
+Verbose JSON is the bottleneck of the analysis side (docs/design.md section 5), so each
 file is decoded once, split into byte ranges that threads decode in parallel (msgspec
 for spans, the compiled page scanner for page events, without the GIL), and handed to
 DuckDB as Arrow tables. Bad lines never stop a read: each becomes a `file:line: reason`

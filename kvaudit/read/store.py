@@ -94,6 +94,11 @@ class TraceStore:
         self._registered = -1  # the version of Arrow rows registered on `con`
 
     @property
+    def follows_files(self) -> bool:
+        """Whether `refresh()` reads trace files (not so over an ingested database or Parquet)."""
+        return bool(self.paths) and self._rows is not None
+
+    @property
     def con(self) -> duckdb.DuckDBPyConnection:
         """The DuckDB connection, with the `kv_*` tables as the last refresh left them.
 

@@ -344,21 +344,13 @@ class Simulation:
 
     def _page(self, kv: KVConfig, key: str, index: int) -> PageDescriptor:
         tokens = self.config.page_tokens
-        return PageDescriptor(
+        return PageDescriptor.from_config(
+            kv,
             key=key,
-            hash_algo=kv.hash_algo,
             token_start=index * tokens,
             token_end=(index + 1) * tokens,
-            model=kv.model,
-            dtype=kv.dtype,
             shape=self.config.model.page_shape(kv.layout or LAYOUT_SPLIT, tokens),
-            layout=kv.layout,
             bytes=self._page_bytes,
-            world_size=kv.world_size,
-            rank=kv.rank,
-            layers=kv.layers,
-            kv_heads=kv.kv_heads,
-            head_size=kv.head_size,
             tier=TIER_POOL,
         )
 

@@ -1,7 +1,7 @@
 -- KVA001 incomplete-metadata: a fetched page lacks a field the contract requires on a fetch.
 --
 -- What it catches: descriptors of fetched pages without key, hash_algo, token range,
---   model, dtype, shape, layout, bytes, world_size, rank or used (DESIGN.md section 3).
+--   model, dtype, shape, layout, bytes, world_size, rank or used (docs/design.md section 3).
 -- Why it matters: a hook records what the fetched object actually carried; a missing
 --   field means the object could not prove it fits the consumer (LMCache does not keep
 --   the KV layout with a chunk), so a mismatch there would go unseen. Rules KVA004 and

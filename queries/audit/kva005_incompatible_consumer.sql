@@ -6,7 +6,7 @@
 --   producer's stored descriptor, differing from the consumer process's resource
 --   (the `replicas` row of the process that fetched). Only fields present on both
 --   sides of a comparison count; an absent field is KVA001's.
--- Why it matters: this is the rolling-upgrade failure of DESIGN.md section 1: the
+-- Why it matters: this is the rolling-upgrade failure of docs/design.md section 1: the
 --   bytes count matches, the key matches, and the consumer reads a page laid out for
 --   another engine (LMCache #4463, #4247). Comparing the producer's descriptor too
 --   catches it when the fetched object did not carry its layout.
