@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -24,6 +25,7 @@ class DuckDBBackend(Backend):
 
     def __init__(self, store: TraceStore) -> None:
         self.store = store
+        self._set: dict[str, Any] = {}  # the variables set on the connection, and their values
         with _errors():  # kvaudit SQL's own function (see `base`), on this connection
             store.con.execute(f"CREATE OR REPLACE TEMP MACRO recent(ts, span) AS {RECENT}")
 
@@ -61,16 +63,23 @@ class DuckDBBackend(Backend):
 
     @contextmanager
     def _variables(self, params: Params | None) -> Iterator[None]:
-        """The queries' `getvariable` parameters, set for one query and reset after it."""
-        names = list(params or {})
+        """The queries' `getvariable` parameters, set for one query.
+
+        A variable keeps its value until a query without it comes (then it is reset, so
+        that query reads its default): a live view repeating its queries with the same
+        window sets nothing again, where setting and resetting each time cost a
+        statement per variable per query.
+        """
+        wanted = dict(params or {})
         with _errors():
-            for name in names:
-                self.store.con.execute(f"SET VARIABLE {_identifier(name)} = ?", [params[name]])  # type: ignore[index]
-            try:
-                yield
-            finally:
-                for name in names:
-                    self.store.con.execute(f"RESET VARIABLE {_identifier(name)}")
+            for name in [name for name in self._set if name not in wanted]:
+                self.store.con.execute(f"RESET VARIABLE {_identifier(name)}")
+                del self._set[name]
+            for name, value in wanted.items():
+                if name not in self._set or self._set[name] != value or type(self._set[name]) is not type(value):
+                    self.store.con.execute(f"SET VARIABLE {_identifier(name)} = ?", [value])
+                    self._set[name] = value
+        yield
 
 
 @contextmanager
