@@ -29,7 +29,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 
 test: $(INSTALLED) $(ENGINES) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: $(INSTALLED) $(ENGINES)
 	$(PY) -m bench

@@ -15,14 +15,14 @@ import sys
 import time
 
 from bench.bench_audit import QUERIES
-from kvaudit.analysis import run_named
-from kvaudit.audit import run_audit
-from kvaudit.store import TraceStore, open_store
+from kvaudit.analyse.audit import run_audit
+from kvaudit.analyse.named_queries import run_named
+from kvaudit.read.open import open_ingested, open_store
 
 
 def main(kind: str, path: str) -> None:
     started = time.perf_counter()
-    store = TraceStore.open_ingested(path) if kind == "ingested" else open_store([path])
+    store = open_ingested(path) if kind == "ingested" else open_store([path])
     # DuckDB would otherwise take most of the machine's memory and spill only beyond it.
     store.con.execute(f"SET memory_limit = '{os.environ.get('KVAUDIT_BENCH_MEMORY', '3GB')}'")
     run_audit(store)

@@ -41,8 +41,9 @@ import numpy as np
 from bench.common import KV, MODEL, PAGE_BYTES, PAGE_TOKENS
 from bench.common import page as common_page
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emission import setup_emitter
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read.open import open_ingested
+from kvaudit.read.store import TraceStore
 
 PAGES_PER_REQUEST: Final = 8
 REPLICAS: Final = 4
@@ -147,8 +148,18 @@ def generate_database(path: Path, pages: int) -> None:
     store.con.execute(
         "INSERT INTO kv_resources SELECT 1000 + r, 'r' || r, 'vllm', 1, 1, 'vllm', '0.32', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
         f" FROM range({REPLICAS}) t(r)",
-        [KV.model, KV.dtype, KV.layout, KV.block_size, KV.world_size, KV.rank, KV.hash_algo, KV.layers, KV.kv_heads,
-         KV.head_size],
+        [
+            KV.model,
+            KV.dtype,
+            KV.layout,
+            KV.block_size,
+            KV.world_size,
+            KV.rank,
+            KV.hash_algo,
+            KV.layers,
+            KV.kv_heads,
+            KV.head_size,
+        ],
     )
     values = {
         "ppr": PAGES_PER_REQUEST,
@@ -219,9 +230,9 @@ def _measure_in_child(kind: str, path: str) -> tuple[float, float, float]:
 
 
 def capacity(database: Path) -> None:
-    from kvaudit.capacity import capacity_curve
+    from kvaudit.analyse.capacity import capacity_curve
 
-    store = TraceStore.open_ingested(str(database))
+    store = open_ingested(str(database))
     try:
         started = time.perf_counter()
         exact = capacity_curve(store, sample_rate=1.0)

@@ -21,10 +21,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from bench.common import KV, PAGE_BYTES, best_of, env_int, machine, page, report
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
-from kvaudit.emission import Emitter, replica_resource, setup_emitter
-from kvaudit.file_exporter import OTLPJsonFileExporter
+from kvaudit.emit.emitter import Emitter, replica_resource, setup_emitter
+from kvaudit.emit.file_exporter import OTLPJsonFileExporter
+from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.simulator.model import CostModel
-from kvaudit.span_batcher import SpanBatcher
 
 PAGES_PER_SPAN = 128
 REPEATS = 3

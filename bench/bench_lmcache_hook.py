@@ -32,7 +32,7 @@ import torch
 from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
 
 from kvaudit.contract import Hook, Op
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks import lmcache as hook
 from kvaudit.hooks.lmcache import fetch, runtime
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin

@@ -30,12 +30,13 @@ from pathlib import Path
 import duckdb
 
 from bench.common import KV, PAGE_BYTES, env_int, machine, page, report
+from kvaudit.analyse.named_queries import load
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emission import setup_emitter
-from kvaudit.named_queries import load
-from kvaudit.reader import page_scanner
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read.open import open_ingested
+from kvaudit.read.reader import page_scanner
+from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import POOL_BACKEND
-from kvaudit.store import TraceStore
 
 PAGES_PER_SPAN = 128
 # A replica at ~10 requests/s with the exporter's 1 s delay writes lines of this many spans.
@@ -148,7 +149,7 @@ def _ingested(database: Path, descriptors: int) -> None:
 
 
 def _scans(database: Path) -> list[tuple[str, float]]:
-    store = TraceStore.open_ingested(str(database))
+    store = open_ingested(str(database))
     timings = []
     for name, query in (
         (

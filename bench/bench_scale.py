@@ -22,20 +22,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from kvaudit import parquet
+from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend
 from kvaudit.backends.clickhouse_load import create_table
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome
-from kvaudit.named_queries import load
-from kvaudit.reader import PAGE_ATTR_COLUMNS, RESOURCE_COLUMNS, SPAN_ATTR_COLUMNS
-from kvaudit.store import TraceStore
+from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SPAN_COLUMNS, Hook, Op, Outcome
+from kvaudit.read import parquet
+from kvaudit.read.open import open_ingested, open_parquet
+from kvaudit.read.store import TraceStore
 
 REPLICAS: Final = 16
 PAGES_PER_SPAN: Final = 128
 PAGE_TOKENS: Final = 256
-# Gemma-2-27B pages (DESIGN.md section 5): 46 layers x 16 KV heads x head size 128, bf16.
+# Gemma-2-27B pages (docs/design.md section 5): 46 layers x 16 KV heads x head size 128, bf16.
 SHAPE: Final = (2, 46, PAGE_TOKENS, 16 * 128)
 PAGE_BYTES: Final = 2 * 46 * PAGE_TOKENS * 16 * 128 * 2
 START_NS: Final = 1_796_083_200 * 10**9  # 2026-12-01 00:00 UTC
@@ -82,8 +82,8 @@ def _bench(pages: int, work: Path) -> None:
     }
     print("  on disk: " + ", ".join(f"{name} {size / 2**20:,.0f} MiB" for name, size in sizes.items()))
     backends: dict[str, Backend] = {
-        "duckdb": DuckDBBackend(TraceStore.open_ingested(str(database))),
-        "parquet": DuckDBBackend(TraceStore.open_parquet(str(dataset))),
+        "duckdb": DuckDBBackend(open_ingested(str(database))),
+        "parquet": DuckDBBackend(open_parquet(str(dataset))),
         "chdb": clickhouse,
     }
     print(f"  {'query':<10}" + "".join(f"{name:>12}" for name in backends) + "   (seconds, best of 2)")
@@ -180,11 +180,11 @@ def _load_otel_traces(store: TraceStore, work: Path, clickhouse: ClickHouseBacke
                                      `Events.Timestamp`, `Events.Name`, `Events.Attributes`)
             WITH events AS (
                 SELECT span_id, groupArray(fromUnixTimestamp64Nano(time_ns)) AS times,
-                       groupArray('{EVENT_PAGE}') AS names, groupArray({_text_map(PAGE_ATTR_COLUMNS, "")}) AS attributes
+                       groupArray('{EVENT_PAGE}') AS names, groupArray({_text_map(PAGE_COLUMNS, "")}) AS attributes
                 FROM file('{files["kv_pages"]}', Parquet) WHERE {chosen} GROUP BY span_id
             )
             SELECT fromUnixTimestamp64Nano(s.start_ns), s.trace_id, s.span_id, s.name, 'Internal', r.service,
-                   {_text_map(RESOURCE_COLUMNS, "r.")}, 'kvaudit', {_text_map(SPAN_ATTR_COLUMNS, "s.")},
+                   {_text_map(RESOURCE_COLUMNS, "r.")}, 'kvaudit', {_text_map(SPAN_COLUMNS, "s.")},
                    s.end_ns - s.start_ns, 'Unset', e.times, e.names, e.attributes
             FROM (SELECT * FROM file('{files["kv_spans"]}', Parquet) WHERE {chosen}) AS s
             JOIN file('{files["kv_resources"]}', Parquet) AS r ON r.resource_id = s.resource_id

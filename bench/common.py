@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvaudit.contract import KVConfig, PageDescriptor, Tier
-from kvaudit.output import write_rows
+from kvaudit.present.rows import write_rows
 from kvaudit.simulator.model import LAYOUT_SPLIT, PRESETS
 
 MODEL = PRESETS["gemma-2-27b"]

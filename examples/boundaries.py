@@ -18,7 +18,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
-from kvaudit.output import write_rows
+from kvaudit.present.rows import write_rows
 from kvaudit.simulator.engine import GIB, SimConfig, simulate
 from kvaudit.simulator.stats import summarise
 

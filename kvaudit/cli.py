@@ -1,4 +1,4 @@
-"""The `kvaudit` command line: one subcommand per module, errors as one line, exit 2.
+"""The `kvaudit` command line: one subcommand per module of `kvaudit.commands`, errors as one line, exit 2.
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets
 `run` (a callable taking the parsed arguments and returning an exit status).
@@ -11,8 +11,6 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
-
-import duckdb
 
 from kvaudit import __version__
 
@@ -31,10 +29,6 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit status 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvaudit",
@@ -49,29 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def command_parser(
-    subparsers: argparse._SubParsersAction, name: str, summary: str, example: str
-) -> argparse.ArgumentParser:
-    """A subcommand's parser with its one-line summary and an example in its help."""
-    return subparsers.add_parser(
-        name,
-        help=summary,
-        description=summary,
-        epilog=f"Example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="kvaudit: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (UsageError, FileNotFoundError, ValueError, OSError, duckdb.Error) as exc:
-        print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not _is_bad_input(exc):
+            raise
+        print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _is_bad_input(exc: Exception) -> bool:
+    """Errors that say what was wrong with the input (a path, a query, a file), not with kvaudit."""
+    if isinstance(exc, (ValueError, OSError)):  # UsageError and BackendError are ValueErrors
+        return True
+    duckdb = sys.modules.get("duckdb")  # a query's error: only possible once DuckDB is loaded
+    return duckdb is not None and isinstance(exc, duckdb.Error)
 
 
 def _one_line(exc: BaseException) -> str:

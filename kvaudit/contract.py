@@ -1,13 +1,16 @@
-"""The trace contract between the hooks and the analysis side (DESIGN.md section 3).
+"""The trace contract between the hooks and the analysis side (docs/design.md section 3).
 
 This module owns every attribute name kvaudit writes or reads: nothing else in the
-project spells one out. It also owns the record types that travel in a trace: the
+project spells one out. It also owns the record types that travel in a trace (the
 `PageDescriptor` of one stored or fetched page and the `KVConfig` a replica declares
-for itself in its resource attributes.
+for itself in its resource attributes), every enumerated value, and the columns each
+attribute becomes in the views (`RESOURCE_COLUMNS`, `SPAN_COLUMNS`, `PAGE_COLUMNS`),
+from which the reader's Arrow schemas and the ClickHouse views are generated.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Final
@@ -63,6 +66,23 @@ class EvictReason(StrEnum):
     REMOVE = "remove"  # removed on request (an explicit remove or clear call)
     INVALIDATED = "invalidated"  # a failed store taken back so lookups stop seeing it
     CLEARED = "cleared"  # the whole store was emptied (e.g. vLLM's prefix-cache reset)
+
+
+class Transfer(StrEnum):
+    """Values of `kvaudit.page.transfer`: how a page's payload moved."""
+
+    COPY = "copy"  # the bytes were copied
+    ZERO_COPY = "zero_copy"  # shared memory, read in place
+    RAW_PTR = "raw_ptr"  # a process-local address instead of bytes (KVA002)
+
+
+class Kind(StrEnum):
+    """How an attribute's value is typed in the views (an OTLP AnyValue's field)."""
+
+    STR = "str"
+    INT = "int"
+    BOOL = "bool"
+    INTS = "ints"  # an array of integers
 
 
 class Res:
@@ -196,6 +216,12 @@ class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
         """Names of required fields that are absent."""
         return [name for name in required if getattr(self, name) is None]
 
+    @classmethod
+    def from_config(cls, kv: KVConfig, **fields: Any) -> PageDescriptor:
+        """A page as a replica of configuration `kv` stores (or expects) it; `fields` add the rest."""
+        shared = {name: getattr(kv, name) for name in _CONFIG_FIELDS_ON_PAGES}
+        return cls(**{**shared, **fields})
+
 
 # Field name -> attribute name; the two spellings differ only by the prefix.
 _PAGE_ATTR_OF_FIELD: Final[dict[str, str]] = {
@@ -220,6 +246,32 @@ REQUIRED_ON_FETCH: Final = frozenset(
 )
 # The store side knows its engine's configuration, so it also always knows the geometry.
 REQUIRED_ON_STORE: Final = (REQUIRED_ON_FETCH - {"used"}) | {"layers", "kv_heads", "head_size"}
+# What a fetched page (or its producer's stored descriptor) must agree on with the consuming
+# replica's own configuration (KVA005; the shape too, where the consumer knows what to expect) ...
+CONSUMER_FIELDS: Final = (
+    "model",
+    "dtype",
+    "layout",
+    "world_size",
+    "rank",
+    "hash_algo",
+    "layers",
+    "kv_heads",
+    "head_size",
+)
+# ... and with the descriptor its producer stored under the same key (KVA004).
+STORED_FIELDS: Final = (
+    "model",
+    "dtype",
+    "shape",
+    "layout",
+    "bytes",
+    "token_start",
+    "token_end",
+    "world_size",
+    "rank",
+    "checksum",
+)
 
 
 class KVConfig(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -247,6 +299,62 @@ class KVConfig(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 _RES_ATTR_OF_KV_FIELD: Final[dict[str, str]] = {
     name: getattr(Res, f"KV_{name.upper()}") for name in KVConfig.__struct_fields__
 }
+# The configuration a page carries about itself (a KVConfig field of the same name).
+_CONFIG_FIELDS_ON_PAGES: Final = tuple(
+    name for name in KVConfig.__struct_fields__ if name in PageDescriptor.__struct_fields__
+)
+
+
+# --- the columns of the views ------------------------------------------------------------
+# Column name -> (attribute name, kind): what the reader (kvaudit.read.columns) and the
+# ClickHouse views (kvaudit.backends.clickhouse_views) turn each attribute into.
+
+
+def _kind_of(annotation: Any) -> Kind:
+    """The Kind of a record field's type (`str | None`, `tuple[int, ...] | None`, ...)."""
+    present = [arg for arg in typing.get_args(annotation) if arg is not type(None)] or [annotation]
+    kind = {str: Kind.STR, int: Kind.INT, bool: Kind.BOOL}.get(present[0])
+    return kind if kind is not None else Kind.INTS
+
+
+def _record_columns(record: type[msgspec.Struct], attribute_of: Mapping[str, str]) -> dict[str, tuple[str, Kind]]:
+    hints = typing.get_type_hints(record)
+    return {name: (attribute_of[name], _kind_of(hints[name])) for name in record.__struct_fields__}
+
+
+RESOURCE_COLUMNS: Final[dict[str, tuple[str, Kind]]] = {
+    "replica": (Res.REPLICA, Kind.STR),
+    "service": (Res.SERVICE_NAME, Kind.STR),
+    "pid": (Res.PROCESS_PID, Kind.INT),
+    "schema": (Res.SCHEMA, Kind.INT),
+    "engine": (Res.ENGINE, Kind.STR),
+    "engine_version": (Res.ENGINE_VERSION, Kind.STR),
+    **_record_columns(KVConfig, _RES_ATTR_OF_KV_FIELD),
+}
+_SPAN_ATTR_KINDS: Final[dict[str, Kind]] = {
+    SpanAttr.OP: Kind.STR,
+    SpanAttr.REQUEST_ID: Kind.STR,
+    SpanAttr.HOOK: Kind.STR,
+    SpanAttr.BACKEND: Kind.STR,
+    SpanAttr.TOKENS_REQUESTED: Kind.INT,
+    SpanAttr.TOKENS_HIT: Kind.INT,
+    SpanAttr.TOKENS_STORED: Kind.INT,
+    SpanAttr.TOKENS_LOCAL: Kind.INT,
+    SpanAttr.PAGES: Kind.INT,
+    SpanAttr.BYTES: Kind.INT,
+    SpanAttr.OUTCOME: Kind.STR,
+    SpanAttr.EVICT_REASON: Kind.STR,
+    SpanAttr.BLOCK_SIZE: Kind.INT,
+    TelemetryAttr.DROPPED_SPANS: Kind.INT,
+    TelemetryAttr.FAILED_EXPORTS: Kind.INT,
+    TelemetryAttr.ERRORS: Kind.INT,
+    TelemetryAttr.LOST_BATCHES: Kind.INT,
+}
+# A span attribute's column drops the `kvaudit.` prefix: `kvaudit.request.id` is `request_id`.
+SPAN_COLUMNS: Final[dict[str, tuple[str, Kind]]] = {
+    attr.removeprefix("kvaudit.").replace(".", "_"): (attr, kind) for attr, kind in _SPAN_ATTR_KINDS.items()
+}
+PAGE_COLUMNS: Final[dict[str, tuple[str, Kind]]] = _record_columns(PageDescriptor, _PAGE_ATTR_OF_FIELD)
 
 
 def bytes_per_element(dtype: str) -> int | None:

@@ -2,5 +2,5 @@
 
 The `.sql` files beside this one are the queries; this file only makes the folder
 an importable package so that the installed copies can be found (see
-`kvaudit.named_queries`).
+`kvaudit.analyse.named_queries`).
 """

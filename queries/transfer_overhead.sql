@@ -3,7 +3,7 @@
 -- Question: how long do fetches and stores take (p50, p90, p99), how many bytes move at
 --           what throughput, per replica and backend; and per token, is loading cheaper
 --           than recomputing the prefill? Recompute time per token is estimated as
---           2 x parameters FLOPs at the GPU's effective FLOP rate (DESIGN.md section 5:
+--           2 x parameters FLOPs at the GPU's effective FLOP rate (docs/design.md section 5:
 --           27B at ~500 TFLOP/s is about 0.11 ms per token).
 -- Parameters: kvaudit_model_params (DOUBLE, default 27e9): model parameters.
 --             kvaudit_gpu_flops (DOUBLE, default 500e12): effective FLOP/s of prefill.

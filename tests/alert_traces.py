@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 
 from .conftest import KV
 from .fleet import page
@@ -38,7 +38,7 @@ def _on_test_clock(build: Callable[[Path], None]) -> Callable[[Path], None]:
     @functools.wraps(build)
     def on_test_clock(trace_dir: Path) -> None:
         # Only emission reads this clock; the exporter thread keeps the real one.
-        with mock.patch("kvaudit.emission.time", SimpleNamespace(time_ns=_tick)):
+        with mock.patch("kvaudit.emit.emitter.time", SimpleNamespace(time_ns=_tick)):
             build(trace_dir)
 
     return on_test_clock

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, exporter_for, replica_resource
-from kvaudit.span_batcher import SpanBatcher
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource
+from kvaudit.emit.span_batcher import SpanBatcher
+from kvaudit.read.store import TraceStore
 
 from .conftest import KV, full_page
 
@@ -31,7 +31,7 @@ class Fleet:
         self.trace_dir = trace_dir
         self.now_ns = 1_700_000_000 * 10**9
         # Only emission reads this clock; the exporter thread keeps the real one.
-        monkeypatch.setattr("kvaudit.emission.time", SimpleNamespace(time_ns=lambda: self.now_ns))
+        monkeypatch.setattr("kvaudit.emit.emitter.time", SimpleNamespace(time_ns=lambda: self.now_ns))
         self.emitters: list[Emitter] = []
 
     def at(self, seconds: float) -> Fleet:

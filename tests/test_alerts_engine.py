@@ -9,7 +9,7 @@ import pytest
 from kvaudit.alerts.engine import RuleEngine
 from kvaudit.alerts.instances import AlertState
 from kvaudit.alerts.rules import load_rules
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .alert_traces import Clock
 

@@ -14,7 +14,7 @@ from kvaudit.alerts.engine import RuleEngine
 from kvaudit.alerts.instances import AlertState
 from kvaudit.alerts.rules import load_default_pack
 from kvaudit.cli import main
-from kvaudit.store import open_store
+from kvaudit.read.open import open_store
 
 from . import alert_traces
 from .alert_traces import Clock

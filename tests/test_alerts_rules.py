@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from kvaudit.alerts.check import check_files
-from kvaudit.alerts.durations import parse_duration
 from kvaudit.alerts.rules import RuleFileError, load_default_pack, load_rules
 from kvaudit.alerts.templates import parse_template
 from kvaudit.cli import main
+from kvaudit.durations import parse_duration
 
 GOOD = """\
 groups:
@@ -101,7 +101,7 @@ def test_eval_refuses_a_broken_rule_file_in_one_line(tmp_path: Path, capsys: pyt
     assert err.count("\n") == 1 and "for: bad duration 'soon'" in err
 
 
-def test_durations_and_templates():
+def test_durations_and_templates(tmp_path: Path):
     assert parse_duration("1h30m") == 5400 and parse_duration("250ms") == 0.25 and parse_duration("0") == 0
     for bad in ("", "5", "1.5m", "30m1h", "-1s"):
         with pytest.raises(ValueError):
@@ -112,4 +112,4 @@ def test_durations_and_templates():
     with pytest.raises(ValueError, match="unclosed"):
         parse_template("{{ $value")
     with pytest.raises(RuleFileError, match="run `kvaudit alerts check`"):
-        load_rules([_write(Path(pytest.importorskip("tempfile").mkdtemp()), "groups: 3\n")])
+        load_rules([_write(tmp_path, "groups: 3\n")])

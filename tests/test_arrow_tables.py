@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
-from kvaudit.arrow_tables import MERGE_PIECES, SMALL_PIECE_ROWS, ArrowTables
+from kvaudit.read.arrow_tables import MERGE_PIECES, SMALL_PIECE_ROWS, ArrowTables
 
 SCHEMA = pa.schema([("n", pa.int64())])
 

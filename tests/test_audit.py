@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kvaudit.audit import SEVERITY_ORDER, Finding, rule_queries, run_audit
+from kvaudit.analyse.audit import SEVERITY_ORDER, Finding, rule_queries, run_audit
 from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH, Hook, KVConfig, Op, PageDescriptor
 
@@ -48,9 +48,7 @@ def test_kva001_each_required_field_alone(fleet: Fleet):
     r1, r2 = fleet.replica("r1"), fleet.replica("r2")
     fields = sorted(REQUIRED_ON_FETCH)
     fleet.at(0).store(r1, [page(f"k{i}", i) for i in range(len(fields))])
-    lacking = [
-        msgspec.structs.replace(page(f"k{i}", i, used=False), **{field: None}) for i, field in enumerate(fields)
-    ]
+    lacking = [msgspec.structs.replace(page(f"k{i}", i, used=False), **{field: None}) for i, field in enumerate(fields)]
     fleet.at(1).fetch(r2, lacking)
     findings = _audit(fleet)
     assert {f.code for f in findings} == {"KVA001"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvaudit.buffer_pool import BufferPool
+from kvaudit.read.buffer_pool import BufferPool
 
 
 def test_a_released_buffer_serves_the_next_read_that_fits():

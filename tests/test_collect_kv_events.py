@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from kvaudit.cli import UsageError
+from kvaudit.commands.arguments import UsageError
 from kvaudit.commands.collect import kv_event_sources
 from kvaudit.kv_events.subscriber import Source
 from kvaudit.kv_events.wire import encode_seq
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .test_kv_events import HASHES, payload, stored
 
@@ -37,21 +37,19 @@ def test_sources_from_the_command_line():
 
 def test_collect_writes_kv_events_and_their_loss(tmp_path: Path):
     context = zmq.Context()
-    pub = context.socket(zmq.PUB)
+    pub = context.socket(zmq.XPUB)  # a PUB that also hears the subscription arrive
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     out = tmp_path / "traces"
-    command = [sys.executable, "-m", "kvaudit.cli", "collect", "127.0.0.1:0", "--out", str(out)]
+    command = [sys.executable, "-m", "kvaudit", "collect", "127.0.0.1:0", "--out", str(out)]
     command += ["--kv-events", f"tcp://127.0.0.1:{port}", "--replica", "r1", "--kv-hash-algo", "sha256"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert process.stdout is not None
-        while "subscribed" not in process.stdout.readline():
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        time.sleep(0.5)  # ZMQ's slow joiner
+        # ZMQ's slow joiner: what is sent before the subscription arrives is lost, so wait for it.
+        assert pub.poll(30_000) and pub.recv()[:1] == b"\x01", process.stderr.read() if process.stderr else ""
         pub.send_multipart((b"", encode_seq(0), payload(stored(HASHES[:2], None))))
         # Batch 1 never arrives.
         pub.send_multipart((b"", encode_seq(2), payload(stored(HASHES[2:3], HASHES[1]))))
-        time.sleep(0.5)
+        _until_written(out, pages=3)
     finally:
         process.send_signal(signal.SIGTERM)  # as a supervisor stops it: spans still written
         stdout, stderr = process.communicate(timeout=30)
@@ -67,3 +65,16 @@ def test_collect_writes_kv_events_and_their_loss(tmp_path: Path):
     assert lost == [(1,)]
     _, resources = store.query("SELECT DISTINCT replica, engine, hash_algo FROM replicas")
     assert resources == [("r1", "vllm", "sha256")]
+
+
+def _until_written(out: Path, *, pages: int, timeout_s: float = 30.0) -> None:
+    """Until the receiver has written `pages` page descriptors (it exports in batches, a second apart)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if out.is_dir():
+            store = TraceStore([out])
+            store.refresh(final=False)
+            if store.query("SELECT count(*) FROM pages")[1] == [(pages,)]:
+                return
+        assert time.monotonic() < deadline, f"the receiver wrote no {pages} pages in {timeout_s:g} s"
+        time.sleep(0.1)

@@ -11,12 +11,13 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-from kvaudit.collector import CollectorServer, TraceSink
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emission import Emitter, replica_resource
-from kvaudit.otlp_json import line_to_traces_data, spans_to_line
-from kvaudit.span_batcher import SpanBatcher
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.span_batcher import SpanBatcher
+from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
+from kvaudit.read.store import TraceStore
+from kvaudit.receive.otlp_http import CollectorServer
+from kvaudit.receive.trace_sink import TraceSink
 
 from .conftest import KV, full_page
 

@@ -1,5 +1,23 @@
+import re
+
 from kvaudit import contract
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, KVConfig, PageAttr, PageDescriptor, Res
+from kvaudit.analyse.named_queries import load
+from kvaudit.contract import (
+    CONSUMER_FIELDS,
+    PAGE_COLUMNS,
+    REQUIRED_ON_FETCH,
+    REQUIRED_ON_STORE,
+    RESOURCE_COLUMNS,
+    SPAN_COLUMNS,
+    STORED_FIELDS,
+    Kind,
+    KVConfig,
+    PageAttr,
+    PageDescriptor,
+    Res,
+    SpanAttr,
+    Transfer,
+)
 
 from .conftest import full_page
 
@@ -38,3 +56,35 @@ def test_dtype_sizes():
     assert contract.bytes_per_element("torch.bfloat16") == 2
     assert contract.bytes_per_element("float8_e4m3fn") == 1
     assert contract.bytes_per_element("complex-thing") is None
+
+
+def _rule(name: str) -> str:
+    return load(f"audit/{name}")
+
+
+def test_the_audit_rules_check_the_contracts_fields():
+    """The rules are SQL and the guard is Python: both read their field lists from the contract's."""
+    missing = re.findall(r"CASE WHEN (\w+) IS NULL THEN '(\w+)' END", _rule("kva001_incomplete_metadata"))
+    assert all(column == name for column, name in missing)
+    assert {name for _, name in missing} == REQUIRED_ON_FETCH
+    stored = re.findall(r"coalesce\((\w+) <> s_\1, false\) AS d_\1", _rule("kva004_store_fetch_mismatch"))
+    assert tuple(stored) == STORED_FIELDS
+    consumer = re.findall(r"coalesce\((\w+) <> c_\1, false\) OR", _rule("kva005_incompatible_consumer"))
+    assert tuple(consumer) == CONSUMER_FIELDS
+    assert f"transfer = '{Transfer.RAW_PTR}'" in _rule("kva002_process_local_reference")
+
+
+def test_the_views_columns_come_from_the_records():
+    assert [name for name in PAGE_COLUMNS] == list(PageDescriptor.__struct_fields__)
+    assert {column: kind for column, (_, kind) in PAGE_COLUMNS.items()}["shape"] is Kind.INTS
+    assert set(KVConfig.__struct_fields__) <= set(RESOURCE_COLUMNS)
+    assert SPAN_COLUMNS["request_id"] == (SpanAttr.REQUEST_ID, Kind.STR)
+
+
+def test_a_page_from_a_config_carries_the_config_and_nothing_else():
+    kv = KVConfig(model="m", dtype="bfloat16", layout="L", block_size=16, world_size=2, rank=1, hash_algo="sha256")
+    page = PageDescriptor.from_config(kv, key="k", shape=(1, 2))
+    assert (page.model, page.dtype, page.layout, page.world_size, page.rank, page.hash_algo) == (
+        "m", "bfloat16", "L", 2, 1, "sha256",
+    )  # fmt: skip
+    assert (page.key, page.shape, page.used, page.token_start) == ("k", (1, 2), None, None)

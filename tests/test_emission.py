@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from kvaudit.contract import Hook, Op, Outcome, PageAttr, PageDescriptor, SpanAttr, TelemetryAttr
-from kvaudit.emission import Emitter, exporter_for, replica_resource, setup_emitter
-from kvaudit.line_file import LineFile
-from kvaudit.otlp_json import line_to_traces_data, spans_to_line
-from kvaudit.span_batcher import SpanBatcher
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource, setup_emitter
+from kvaudit.emit.line_file import LineFile
+from kvaudit.emit.span_batcher import SpanBatcher
+from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
+from kvaudit.read.store import TraceStore
 
 from .conftest import KV, full_page
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, replica_resource
-from kvaudit.span_batcher import SpanBatcher
+from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.span_batcher import SpanBatcher
 
 from .test_emission import Capture
 

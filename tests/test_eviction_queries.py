@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from kvaudit.analyse.named_queries import load
 from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
-from kvaudit.emission import Emitter, setup_emitter
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.read.store import TraceStore
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

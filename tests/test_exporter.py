@@ -7,9 +7,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvaudit.alerts.metrics import prometheus_name
+from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.commands.exporter import serve
-from kvaudit.store import TraceStore
+from kvaudit.present.metrics import prometheus_name
+from kvaudit.read.store import TraceStore
 
 from . import alert_traces
 
@@ -26,8 +27,7 @@ def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 def test_scraped_over_http_and_updated_as_files_grow(trace_dir: Path):
     alert_traces.recomputed_prefixes(trace_dir)
-    store = TraceStore([trace_dir])
-    server, port = serve(store, "127.0.0.1", 0)
+    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0)
     try:
         first = _scrape(port)
         assert first["kvaudit_pages_total"] == {

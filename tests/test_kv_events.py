@@ -18,11 +18,11 @@ import msgspec
 import pytest
 import zmq
 
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.kv_events.sequence import Gap, SequenceTracker
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
 from kvaudit.kv_events.wire import block_key, decode_batch, encode_seq, key_hash_algo
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 HASHES = [bytes([i]) * 32 for i in range(1, 5)]
 
@@ -89,10 +89,14 @@ def context() -> Iterator[zmq.Context]:
 
 
 class Publisher:
-    """A PUB socket and, optionally, a replay ROUTER holding every batch published."""
+    """A publishing socket and, optionally, a replay ROUTER holding every batch published.
+
+    An XPUB, vLLM's PUB as subscribers see it, which also tells the publisher when a
+    subscription arrives: the handshake that replaces waiting out ZMQ's slow joiner.
+    """
 
     def __init__(self, context: zmq.Context, replay: bool) -> None:
-        self.pub = context.socket(zmq.PUB)
+        self.pub = context.socket(zmq.XPUB)
         self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.buffer: list[tuple[int, bytes]] = []
         self.router = context.socket(zmq.ROUTER) if replay else None
@@ -102,6 +106,11 @@ class Publisher:
         self._lock = threading.Lock()
         if self.router:
             self._thread.start()
+
+    def wait_subscribed(self, timeout_s: float = 30.0) -> None:
+        """Until a subscriber's subscription has reached this socket: what is sent from now on reaches it."""
+        assert self.pub.poll(int(timeout_s * 1000)), "no subscriber subscribed"
+        assert self.pub.recv()[:1] == b"\x01"  # a subscribe message (XPUB passes them up)
 
     def send(self, seq: int, data: bytes, *, drop: bool = False) -> None:
         """Publish batch `seq`; `drop` keeps it only in the replay buffer, as if ZMQ lost it."""
@@ -139,7 +148,7 @@ def _subscribe(context: zmq.Context, publisher: Publisher, trace: Path) -> tuple
     replay = f"tcp://127.0.0.1:{publisher.replay_port}" if publisher.replay_port else None
     source = Source(f"tcp://127.0.0.1:{publisher.port}", "r1", replay)
     subscriber = KVEventSubscriber([source], emitter_for, hash_algo="sha256", replay_timeout_s=1.0, context=context)
-    time.sleep(0.3)  # ZMQ's slow joiner: a SUB sees only what is published after it has connected
+    publisher.wait_subscribed()  # a SUB sees only what is published after it has subscribed
     return subscriber, emitters
 
 

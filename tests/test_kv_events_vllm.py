@@ -24,11 +24,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.analyse.named_queries import load
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source, SubscriberStats
 from kvaudit.kv_events.wire import decode_batch
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .servers import free_port
 from .tiny_model import tiny_llama
@@ -107,6 +107,19 @@ def _wait(condition: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _wait_quiet(counts: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> None:
+    """Until `counts()` has not changed for `quiet_s`: the engine publishes its last steps' events
+    after `generate` returns, and nothing says how many are still on their way."""
+    deadline = time.monotonic() + timeout_s
+    last, since = counts(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "KV events kept arriving"
+        time.sleep(0.05)
+        now = counts()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def _vllm_block_hashes(tokens: list[int]) -> list[str]:
     """The prefix-cache block hashes vLLM computes for a prompt (sha256, its default)."""
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -174,7 +187,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         joined_after = a.stats.batches
         b = _listen(tmp / "b.jsonl", port, replay_port)
         c = _listen(tmp / "c.jsonl", port, None)
-        time.sleep(1.0)  # ZMQ's slow joiner: B and C see only what is published once connected
+        # ZMQ's slow joiner: B and C see only what is published once they have connected.
+        assert all(x.subscriber.wait_connected(30.0) for x in (b, c)), "B and C did not connect"
         assert llm.reset_prefix_cache()
         # The reset is published with the next step's events, i.e. with P2.
         for prompt in prompts[1:]:
@@ -184,8 +198,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             temperature=0, max_tokens=4, detokenize=False, ignore_eos=True, extra_args={"kv_cache_report_mode": "full"}
         )
         llm.generate([TokensPrompt(prompt_token_ids=prompts[1])], full, use_tqdm=False)
+        # Until A has stopped receiving and B and C have caught up with it.
+        _wait_quiet(lambda: (a.stats.batches, *(x.stats.batches + x.stats.lost for x in (b, c))))
         _wait(lambda: all(x.stats.batches + x.stats.lost >= a.stats.batches for x in (b, c)))
-        time.sleep(0.5)
     finally:
         del llm
         gc.collect()

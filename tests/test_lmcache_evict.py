@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
 torch = pytest.importorskip("torch")
 
-from kvaudit.named_queries import load  # noqa: E402
-from kvaudit.store import TraceStore  # noqa: E402
+from kvaudit.analyse.named_queries import load  # noqa: E402
+from kvaudit.read.store import TraceStore  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
 

@@ -25,7 +25,7 @@ pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-l
 torch = pytest.importorskip("torch")
 
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor  # noqa: E402
-from kvaudit.store import TraceStore  # noqa: E402
+from kvaudit.read.store import TraceStore  # noqa: E402
 
 from .servers import free_port, serving  # noqa: E402
 
@@ -483,7 +483,7 @@ def _page(**fields: Any) -> PageDescriptor:
 )
 def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, expected: list[str]) -> None:
     from kvaudit.contract import KVConfig
-    from kvaudit.hooks.lmcache.guard import violations
+    from kvaudit.guard import violations
 
     consumer = KVConfig(
         model="tiny",
@@ -497,7 +497,8 @@ def test_guard_checks(fields: dict[str, Any], stored: dict[str, Any] | None, exp
         head_size=16,
     )
     producer = PageDescriptor(**stored) if stored is not None else None
-    assert violations(_page(**fields), consumer, (2, 2, 256, 32), producer) == expected
+    expected_page = PageDescriptor.from_config(consumer, shape=(2, 2, 256, 32))
+    assert violations(_page(**fields), expected_page, producer) == expected
 
 
 def test_a_failing_hook_leaves_lmcache_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

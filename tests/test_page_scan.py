@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvaudit import page_scan, reader
-from kvaudit.contract import EVENT_PAGE, Hook, Op, Res
-from kvaudit.emission import setup_emitter
-from kvaudit.reader import PAGE_ATTR_COLUMNS, read_range
-from kvaudit.store import TraceStore
+from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, Hook, Op, Res
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read import page_scan, reader
+from kvaudit.read.reader import read_range
+from kvaudit.read.store import TraceStore
 
 from .conftest import KV, full_page
 
@@ -71,7 +71,7 @@ def _value(draw: st.DrawFn, kind: str, plain: bool) -> dict[str, Any] | None:
 @st.composite
 def _attributes(draw: st.DrawFn, plain: bool) -> list[dict[str, Any]]:
     attributes = []
-    for name, kind in PAGE_ATTR_COLUMNS.values():
+    for name, kind in PAGE_COLUMNS.values():
         for _ in range(draw(st.sampled_from([0, 1, 1, 1, 1, 1, 1, 2]))):  # absent, once, repeated
             value = draw(_value(kind, plain))
             attribute: dict[str, Any] = {"key": name} if value is None else {"key": name, "value": value}
@@ -193,7 +193,7 @@ def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):
     buf = np.frombuffer(bytearray(data + bytes(page_scan.PAD)), dtype=np.uint8)  # writable, as the reader passes it
     scanned = reader.page_scanner().scan(buf, [0], [len(data) - 1])
     assert scanned.spans.tolist() == [1] and scanned.strict.all() and len(scanned.line) == 4
-    assert scanned.columns[list(PAGE_ATTR_COLUMNS).index("shape")].to_pylist()[0] == [2, 2, 32, 64]
+    assert scanned.columns[list(PAGE_COLUMNS).index("shape")].to_pylist()[0] == [2, 2, 32, 64]
 
 
 def test_lines_the_scanner_gives_up_on_keep_their_place(tmp_path: Path):

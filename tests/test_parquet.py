@@ -7,11 +7,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from kvaudit.analyse.named_queries import load
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emission import setup_emitter
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore, open_store
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
 
 from .conftest import KV
 from .test_backends import named_queries, write_fleet

@@ -10,10 +10,10 @@ import pyarrow as pa
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from kvaudit.analysis import run_named
-from kvaudit.capacity import capacity_curve, curve_of_stream
-from kvaudit.reader import Tables
-from kvaudit.store import TraceStore
+from kvaudit.analyse.capacity import capacity_curve, curve_of_stream
+from kvaudit.analyse.named_queries import run_named
+from kvaudit.read.columns import Tables
+from kvaudit.read.store import TraceStore
 
 from .test_queries import _brute_force_lru
 

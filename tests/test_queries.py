@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvaudit.analysis import run_named
-from kvaudit.capacity import capacity_curve
+from kvaudit.analyse.capacity import capacity_curve
+from kvaudit.analyse.named_queries import run_named
 from kvaudit.contract import Hook, Op
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .fleet import Fleet, page
 
@@ -124,10 +124,7 @@ def test_prefix_locality_counts_pages_others_stored_before(fleet: Fleet):
     fleet.at(5).fetch(r2, [page("a", 0, used=True), page("b", 1, used=True)], "q2", tokens_requested=160)
     fleet.at(6).store(r2, [page("c", 2), page("e", 3), page("d", 4)], "q2")
     rows = _rows(fleet.open(), "prefix_locality")
-    got = [
-        (r["request_id"], r["prompt_tokens"], r["reusable_tokens"], r["hit_tokens"], r["locality"])
-        for r in rows
-    ]
+    got = [(r["request_id"], r["prompt_tokens"], r["reusable_tokens"], r["hit_tokens"], r["locality"]) for r in rows]
     assert got == [("q1", 128, 0, 0, 0.0), ("q2", 160, 96, 64, 0.6)]
     assert [r["cumulative_share"] for r in rows] == [0.5, 1.0]
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit import reader
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emission import setup_emitter
-from kvaudit.reader import expand_paths
-from kvaudit.store import TraceStore, open_store
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read import reader
+from kvaudit.read.files import expand_paths
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
 
 from .conftest import KV, full_page
 

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from kvaudit.analyse.audit import run_audit
 from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH
+from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import RAW_PTR, ROLLING_UPGRADE, Faults, parse_faults, read_ground_truth
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, load_model
 from kvaudit.simulator.stats import summarise
 from kvaudit.simulator.workload import TokenStream, parse_mix
-from kvaudit.store import TraceStore
 
 SMALL = SimConfig(duration_s=90, rate=0.4, seed=7)
 FAULTY = dataclasses.replace(SMALL, faults=Faults(raw_ptr=0.05, upgrade_at_s=45))
@@ -182,13 +183,12 @@ def test_ground_truth_is_what_the_traces_show(tmp_path: Path, guard: bool):
 
 
 def test_auditor_finds_every_injected_fault_and_nothing_on_a_clean_run(tmp_path: Path):
-    audit = pytest.importorskip("kvaudit.audit", reason="the auditor (issue 5) is not on this branch yet")
     result, store = _run(FAULTY, tmp_path / "faulty")
-    found = {(f.replica, f.trace_id, f.key) for f in audit.run_audit(store)}
+    found = {(f.replica, f.trace_id, f.key) for f in run_audit(store)}
     missed = [t for t in result.ground_truth if (t.replica, t.trace_id, t.key) not in found]
     assert not missed, f"{len(missed)} of {len(result.ground_truth)} injected faults not found, e.g. {missed[0]}"
     _, clean = _run(SMALL, tmp_path / "clean")
-    assert audit.run_audit(clean) == []
+    assert run_audit(clean) == []
 
 
 def test_local_tier_serves_its_own_replica_first(tmp_path: Path):

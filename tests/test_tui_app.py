@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.screens.drill import DrillScreen
 from kvaudit.tui.source import LiveSource
@@ -182,7 +182,7 @@ def test_window_and_sort_keys(fleet: Fleet, trace_dir: Path):
             await pilot.press("4")
             await until(lambda: app.main.figures.window == "all")
             assert next(r for r in app.main.figures.replicas if r.replica == "r2").requests == 3
-            assert "auditor unavailable" in str(app.query_one("#findings").border_title)
+            assert "not audited" in str(app.query_one("#findings").border_title)
 
             table = app.query_one(ReplicaTable)
             table.focus()

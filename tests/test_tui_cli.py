@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.collector import CollectorServer, TraceSink
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emission import setup_emitter
-from kvaudit.store import TraceStore
+from kvaudit.emit.emitter import setup_emitter
+from kvaudit.read.store import TraceStore
+from kvaudit.receive.otlp_http import CollectorServer
+from kvaudit.receive.trace_sink import TraceSink
 from kvaudit.tui.app import KvauditApp
-from kvaudit.tui.source import NO_ALERTING, NO_AUDITOR, LiveSource
+from kvaudit.tui.source import LiveSource
 
 from .conftest import KV, full_page
 from .test_tui_app import PACKED, UNPACKED, plant_bad_fetch, replicas_shown, until
 from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
 
-HAS_AUDITOR = importlib.util.find_spec("kvaudit.audit") is not None
-HAS_ALERTING = importlib.util.find_spec("kvaudit.alerts") is not None
 RULES = """\
 groups:
   - name: tui
@@ -61,15 +59,6 @@ def test_snapshot_prints_the_panels_figures(fleet: Fleet, trace_dir: Path, capsy
     assert figures["alerts"] is None
 
 
-@pytest.mark.skipif(HAS_AUDITOR, reason="the auditor is installed: findings are checked below")
-def test_snapshot_says_when_there_is_no_auditor(fleet: Fleet, trace_dir: Path, capsys):
-    fleet.conversation("r1", "r2", 0)
-    figures = snapshot_json(capsys, str(trace_dir))
-    assert figures["findings"] is None and figures["findings_note"] == NO_AUDITOR
-    assert figures["replicas"][1]["critical_findings"] is None
-
-
-@pytest.mark.skipif(not HAS_AUDITOR, reason="the auditor (kvaudit.audit, issue 5) is not installed")
 def test_snapshot_has_the_auditors_findings(fleet: Fleet, trace_dir: Path, capsys):
     fleet.conversation("r1", "r2", 0)
     plant_bad_fetch(fleet)
@@ -86,10 +75,7 @@ def test_snapshot_with_rules(fleet: Fleet, trace_dir: Path, tmp_path: Path, caps
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     figures = snapshot_json(capsys, str(trace_dir), "--rules", str(rules))
-    if HAS_ALERTING:
-        assert [(a["name"], dict(a["labels"])["replica"]) for a in figures["alerts"]] == [("AnyFetch", "r2")]
-    else:
-        assert figures["alerts"] is None and figures["alerts_note"] == NO_ALERTING
+    assert [(a["name"], dict(a["labels"])["replica"]) for a in figures["alerts"]] == [("AnyFetch", "r2")]
 
 
 def test_collect_snapshot_starts_and_stops_the_receiver(tmp_path: Path, capsys):
@@ -124,8 +110,8 @@ def test_collect_shows_what_arrives(tmp_path: Path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "give trace PATHs or --collect"),
-        (["somewhere/", "--collect"], "give trace PATHs or --collect"),
+        ([], "give trace PATHs, --collect [ADDR] or --backend URL"),
+        (["somewhere/", "--collect"], "give trace PATHs, --collect [ADDR] or --backend URL"),
         (["nowhere/"], "nowhere/: no such file or directory"),
         ([".", "--rules", "missing.yaml"], "missing.yaml: no such rule file"),
     ],

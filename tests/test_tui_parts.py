@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvaudit.audit import Finding
+from kvaudit.analyse.audit import Finding
 from kvaudit.tui import cells
 from kvaudit.tui.descriptors import Mark, compare
 from kvaudit.tui.figures import ReuseCell
@@ -50,8 +50,13 @@ def test_compare_marks_named_differing_and_one_sided_fields():
     fetched = {"key": "k", "model": "m", "layout": "A", "used": True, "dtype": "bf16"}
     stored = {"key": "k", "model": "m", "layout": "B", "used": None, "dtype": "bf16"}
     rows = {r.name: r.mark for r in compare(fetched, stored, named=frozenset({"dtype"}))}
-    assert rows == {"key": Mark.SAME, "model": Mark.SAME, "dtype": Mark.NAMED, "layout": Mark.DIFFERS,
-                    "used": Mark.ABSENT}
+    assert rows == {
+        "key": Mark.SAME,
+        "model": Mark.SAME,
+        "dtype": Mark.NAMED,
+        "layout": Mark.DIFFERS,
+        "used": Mark.ABSENT,
+    }
     assert [r.name for r in compare(fetched, None, named=frozenset())][:2] == ["key", "model"]
 
 

@@ -14,7 +14,7 @@ from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 from kvaudit.tui.alerting import AlertRow
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.screens.drill import DrillScreen

@@ -67,7 +67,7 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
 def test_real_terminal(fleet: Fleet, trace_dir: Path, terminal: Terminal):
     fleet.conversation("r1", "r2", 0)
     # COLUMNS and LINES (set by some runners) would override the terminal's own size.
-    command = f"env -u COLUMNS -u LINES {sys.executable} -m kvaudit.cli tui {trace_dir} --interval 0.2"
+    command = f"env -u COLUMNS -u LINES {sys.executable} -m kvaudit tui {trace_dir} --interval 200ms"
     terminal.tmux("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "160", "-y", "45", command)
 
     screen = terminal.wait_for("r2")

@@ -8,9 +8,9 @@ from typing import Any
 import duckdb
 import pytest
 
+from kvaudit.analyse.named_queries import load
 from kvaudit.contract import Hook, Op, PageDescriptor
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.read.store import TraceStore
 
 from .fleet import Fleet, page
 from .test_queries import _tag_fetches

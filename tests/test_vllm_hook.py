@@ -35,8 +35,10 @@ from typing import Any
 
 import pytest
 
+from kvaudit.analyse.audit import run_audit
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier
-from kvaudit.store import TraceStore, open_store
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
 
 from .servers import free_port, serving
 from .tiny_model import tiny_llama
@@ -356,8 +358,7 @@ def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceSto
 
 
 def test_audit_reports_the_fault(store: TraceStore) -> None:
-    audit = pytest.importorskip("kvaudit.audit", reason="the auditor (issue 5) is not in this tree")
-    findings = audit.run_audit(store)
+    findings = run_audit(store)
     by_replica: dict[str, set[tuple[str, str]]] = {}
     for finding in findings:
         by_replica.setdefault(finding.replica, set()).add((finding.code, finding.severity))
@@ -405,10 +406,15 @@ def _geometry() -> Any:
     return EngineGeometry("m", "bfloat16", BLOCK, 2, 2, 32, 1, 0, "sha256")
 
 
-def test_guard_passes_a_complete_matching_page() -> None:
-    from kvaudit.hooks.vllm.guard import expected_page, violations
+def _expected(geometry: Any) -> PageDescriptor:
+    """What the connector's guard compares fetched pages with (see KVAuditConnector)."""
+    return PageDescriptor.from_config(geometry.kv_config("NT_NH_2HS"), shape=geometry.page_shape)
 
-    expected = expected_page(_geometry(), "NT_NH_2HS")
+
+def test_guard_passes_a_complete_matching_page() -> None:
+    from kvaudit.guard import violations
+
+    expected = _expected(_geometry())
     page = PageDescriptor(
         key="ab", hash_algo="sha256", token_start=0, token_end=BLOCK, model="m", dtype="bfloat16",
         shape=(2, BLOCK, 2, 64), layout="NT_NH_2HS", bytes=2 * BLOCK * 2 * 64 * 2, world_size=1, rank=0,
@@ -417,21 +423,18 @@ def test_guard_passes_a_complete_matching_page() -> None:
 
 
 def test_guard_names_every_violation() -> None:
-    from kvaudit.hooks.vllm.guard import expected_page, violations
+    from kvaudit.guard import violations
 
-    expected = expected_page(_geometry(), "NT_NH_2HS")
+    expected = _expected(_geometry())
     raw = PageDescriptor(key="ab", hash_algo="sha256", token_start=0, token_end=BLOCK, bytes=99, transfer="raw_ptr")
     problems = violations(raw, expected)
-    assert {"missing dtype", "missing shape", "missing layout", "missing model", "process-local reference"} <= set(
-        problems
-    )
+    assert {"KVA001 dtype", "KVA001 shape", "KVA001 layout", "KVA001 model", "KVA002 address"} <= set(problems)
     wrong = PageDescriptor(
         key="ab", hash_algo="sha256", token_start=0, token_end=BLOCK, model="m", dtype="float32",
         shape=(2, BLOCK, 4, 32), layout="NT_NH_2HS", bytes=1, world_size=1, rank=0,
     )  # fmt: skip
     problems = violations(wrong, expected)
-    assert "bytes differ from shape x dtype" in problems
-    assert any(p.startswith("dtype") for p in problems) and any(p.startswith("shape") for p in problems)
+    assert {"KVA003 bytes", "KVA005 dtype", "KVA005 shape"} <= set(problems)
 
 
 def test_stamps_round_trip_and_never_override_the_payload(tmp_path: Path) -> None:

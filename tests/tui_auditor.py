@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.audit import Finding
-from kvaudit.store import TraceStore
+from kvaudit.analyse.audit import Finding
+from kvaudit.read.store import TraceStore
 
 
 @dataclass
@@ -43,8 +43,16 @@ class ScriptedAuditor:
         for plant in self.planted:
             findings += [
                 Finding(
-                    plant.code, plant.rule, plant.severity, replica, plant.key, trace_id, span_id,
-                    plant.fields, plant.message, plant.producer,
+                    plant.code,
+                    plant.rule,
+                    plant.severity,
+                    replica,
+                    plant.key,
+                    trace_id,
+                    span_id,
+                    plant.fields,
+                    plant.message,
+                    plant.producer,
                 )
                 for key, replica, trace_id, span_id in rows
                 if key == plant.key

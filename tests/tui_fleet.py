@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvaudit import emission
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit import emitter as emission
+from kvaudit.emit.emitter import Emitter, setup_emitter
 
 from .conftest import KV, full_page
 

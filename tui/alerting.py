@@ -1,4 +1,4 @@
-"""Firing alerts from a rule file, through the alerting engine (`kvaudit.alerts`) when installed."""
+"""Firing alerts from a rule file, through the alerting engine (`kvaudit.alerts`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kvaudit.store import TraceStore
+from kvaudit.alerts.engine import RuleEngine
+from kvaudit.alerts.rules import load_rules
+from kvaudit.backends import Backend
 
-# Evaluates the rules over a store (at the engine's own group intervals) and returns its alerts.
-Alerting = Callable[[TraceStore], tuple["AlertRow", ...]]
+# Evaluates the rules over a backend (at the engine's own group intervals) and returns its alerts.
+Alerting = Callable[[Backend], tuple["AlertRow", ...]]
 
 
 @dataclass(frozen=True)
@@ -42,16 +44,11 @@ def alert_rows(alerts: Iterable[Any]) -> tuple[AlertRow, ...]:
     return tuple(sorted((r for r in rows if r.state != "resolved"), key=lambda r: (r.state != "firing", r.name)))
 
 
-def rule_alerting(rules: str) -> Alerting | None:
-    """The engine of `kvaudit.alerts` over a rule file, or None when it is not installed.
+def rule_alerting(rules: str, *, skew_s: float = 1.0) -> Alerting:
+    """The engine of `kvaudit.alerts` over a rule file.
 
     Raises:
         ValueError: the rule file is invalid (the engine says where).
     """
-    try:
-        from kvaudit.alerts.engine import RuleEngine  # type: ignore[import-not-found]
-        from kvaudit.alerts.rules import load_rules  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    engine = RuleEngine(load_rules([rules]))
-    return lambda store: alert_rows(engine.evaluate(store))
+    engine = RuleEngine(load_rules([rules]), skew_s=skew_s)
+    return lambda backend: alert_rows(engine.evaluate(backend))

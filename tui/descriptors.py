@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from kvaudit.analyse.named_queries import load
+from kvaudit.backends import Backend
 from kvaudit.contract import PageDescriptor
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
 from kvaudit.tui.findings import FindingRow
 
 # The descriptor fields in the contract's order; the `pages` view names its columns alike.
@@ -47,12 +47,12 @@ class DescriptorPair:
         return tuple(row.name for row in self.rows if row.mark in (Mark.NAMED, Mark.DIFFERS))
 
 
-def descriptor_pair(store: TraceStore, finding: FindingRow, *, skew_s: float) -> DescriptorPair:
+def descriptor_pair(backend: Backend, finding: FindingRow, *, skew_s: float) -> DescriptorPair:
     """The descriptors behind `finding`: its fetch (by span and key) and the producer's store."""
     sides: dict[str, dict[str, Any]] = {}
     if finding.span_id is not None and finding.key is not None:
-        params = {"span_id": finding.span_id, "key": finding.key, "skew_ns": int(skew_s * 1e9)}
-        columns, rows = store.query(_QUERY, params)
+        params = {"kvaudit_span_id": finding.span_id, "kvaudit_key": finding.key, "kvaudit_skew_ns": int(skew_s * 1e9)}
+        columns, rows = backend.query(_QUERY, params)
         sides = {row[0]: dict(zip(columns, row)) for row in rows}
     fetched, stored = sides.get(_FETCHED), sides.get(_STORED)
     return DescriptorPair(fetched, stored, compare(fetched, stored, named=frozenset(finding.fields)))

@@ -1,4 +1,4 @@
-"""The figures every panel shows, computed by the named `tui_*` queries over a store.
+"""The figures every panel shows, computed by the named `tui/*` queries over a backend.
 
 `Figures` is one consistent picture at one moment: the panels render it and
 `--snapshot` prints it, so the screen and the JSON can never disagree.
@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.analyse.named_queries import load
+from kvaudit.backends import Backend
 from kvaudit.tui.alerting import AlertRow
 from kvaudit.tui.findings import CRITICAL, FindingRow
 from kvaudit.tui.window import Window
 
 SPARK_BUCKETS: Final = 24
-_QUERIES: Final = {name: load(name) for name in ("tui/replicas", "tui/reuse", "tui/activity")}
+_QUERIES: Final = {name: load(name) for name in ("tui/replicas", "tui/reuse", "tui/reuse_joined", "tui/activity")}
 
 
 @dataclass(frozen=True)
@@ -87,24 +87,33 @@ class _Extent:
 
 
 def compute_figures(
-    store: TraceStore,
+    backend: Backend,
     window: Window,
     *,
     analysis: Analysis,
+    indexed: bool,
+    skew_s: float = 1.0,
 ) -> Figures:
     """Every panel's figures over `window`, with the findings and alerts known so far.
 
-    The store must carry a `ProducerIndex` (the reuse figures read it).
+    Args:
+        indexed: the backend carries a `ProducerIndex`, which the reuse figures then read;
+            otherwise they join each fetch to its producer here.
+        skew_s: clock skew allowed between replicas (without the index).
     """
-    extent = _extent(store)
+    extent = _extent(backend)
     analysed = vars(analysis)
     if extent.latest_ns is None or extent.earliest_ns is None:
         return Figures(window.name, None, None, extent.pages, extent.read_errors, **analysed)
     since = window.since_ns(extent.earliest_ns, extent.latest_ns)
-    reuse = tuple(ReuseCell(*row) for row in _rows(store, "tui/reuse", since_ns=since))
+    if indexed:
+        reuse_rows = _rows(backend, "tui/reuse", since_ns=since)
+    else:
+        reuse_rows = _rows(backend, "tui/reuse_joined", since_ns=since, skew_ns=int(skew_s * 1e9))
+    reuse = tuple(ReuseCell(*row) for row in reuse_rows)
     bucket_ns = max(1, -(-(extent.latest_ns - since + 1) // SPARK_BUCKETS))
     activity: dict[str, list[int]] = defaultdict(lambda: [0] * SPARK_BUCKETS)
-    for replica, bucket, tokens in _rows(store, "tui/activity", since_ns=since, bucket_ns=bucket_ns):
+    for replica, bucket, tokens in _rows(backend, "tui/activity", since_ns=since, bucket_ns=bucket_ns):
         activity[replica][min(bucket, SPARK_BUCKETS - 1)] += int(tokens)
     critical: dict[str | None, int] = defaultdict(int)
     findings = analysis.findings
@@ -124,16 +133,16 @@ def compute_figures(
             critical_findings=None if findings is None else critical[replica],
             activity=tuple(activity[replica]),
         )
-        for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(store, "tui/replicas", since_ns=since)
+        for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(backend, "tui/replicas", since_ns=since)
     )
     return Figures(window.name, since, extent.latest_ns, extent.pages, extent.read_errors, replicas, reuse, **analysed)
 
 
-def _extent(store: TraceStore) -> _Extent:
-    _, [(earliest, latest)] = store.query("SELECT min(start_ns), max(end_ns) FROM spans WHERE op IS NOT NULL")
-    _, [(pages, errors)] = store.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")
+def _extent(backend: Backend) -> _Extent:
+    _, [(earliest, latest)] = backend.query("SELECT min(start_ns), max(end_ns) FROM spans WHERE op IS NOT NULL")
+    _, [(pages, errors)] = backend.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")
     return _Extent(earliest, latest, pages, errors)
 
 
-def _rows(store: TraceStore, name: str, **params: int) -> Sequence[tuple[Any, ...]]:
-    return store.query(_QUERIES[name], params)[1]
+def _rows(backend: Backend, name: str, **params: int) -> Sequence[tuple[Any, ...]]:
+    return backend.query(_QUERIES[name], {f"kvaudit_{key}": value for key, value in params.items()})[1]

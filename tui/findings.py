@@ -1,8 +1,8 @@
-"""Audit findings as the TUI shows them, from the auditor (`kvaudit.audit`) when it is installed.
+"""Audit findings as the TUI shows them, from the auditor (`kvaudit.analyse.audit`).
 
 The TUI never decides what is wrong with a page itself: findings come from the
-auditor's rules (DESIGN.md section 4). Without the auditor the findings panel says
-so instead of showing an empty, reassuring list.
+auditor's rules (docs/design.md section 4). With the auditor off the findings panel
+says so instead of showing an empty, reassuring list.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvaudit.store import TraceStore
+from kvaudit.analyse.audit import Finding, run_audit
+from kvaudit.backends import Backend
 
-# Calls the auditor over a store: whatever it returns must carry the fields of `FindingRow`.
-Auditor = Callable[[TraceStore], Sequence[Any]]
+# Calls the auditor over a backend.
+Auditor = Callable[[Backend], Sequence[Finding]]
 
 SEVERITIES: Final = ("critical", "warning", "info")
 CRITICAL: Final = SEVERITIES[0]
@@ -79,10 +80,6 @@ def finding_rows(findings: Iterable[Any]) -> tuple[FindingRow, ...]:
     return tuple(sorted(rows, key=lambda r: (r.severity_rank, r.code, r.replica or "", r.key or "")))
 
 
-def installed_auditor(skew_s: float) -> Auditor | None:
-    """The auditor of `kvaudit.audit` with the given clock skew, or None when it is not installed."""
-    try:
-        from kvaudit.audit import run_audit  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return lambda store: run_audit(store, skew_s=skew_s)
+def auditor(skew_s: float) -> Auditor:
+    """The auditor of `kvaudit.analyse.audit` with the given clock skew."""
+    return lambda backend: run_audit(backend, skew_s=skew_s)

@@ -4,7 +4,8 @@ Joining every fetch to the earliest store of its key is the costly part of the r
 figures (a million descriptors take most of a second), and its answer for a fetch
 changes only when a store of that key arrives. So the join runs once per page, on
 the rows each refresh adds (`tui/ingest`), into temporary tables; the reuse query
-(`tui/reuse`) reads their per-second counts.
+(`tui/reuse`) reads their per-second counts. The index needs DuckDB and the rows each
+refresh reads; over another backend the TUI joins each time (`tui/reuse_joined`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Final
 
 import pyarrow as pa
 
-from kvaudit.named_queries import load
-from kvaudit.store import TraceStore
+from kvaudit.analyse.named_queries import load
+from kvaudit.backends import Backend
+from kvaudit.backends.duckdb_backend import DuckDBBackend
+from kvaudit.read.store import TraceStore
 
 _NEW_PAGES: Final = "tui_new_pages"
 
@@ -48,6 +51,11 @@ class ProducerIndex:
         store.con.execute(f"CREATE OR REPLACE TEMP VIEW {_NEW_PAGES} AS SELECT * FROM pages")
         self._ingest()
         store.con.execute(f"DROP VIEW {_NEW_PAGES}")
+
+    @classmethod
+    def of(cls, backend: Backend, *, skew_s: float) -> ProducerIndex | None:
+        """The index of a DuckDB backend's store; None for another backend."""
+        return cls(backend.store, skew_s=skew_s) if isinstance(backend, DuckDBBackend) else None
 
     def add(self, pages: pa.Table) -> None:
         """Index pages just read (rows of the `kv_pages` table)."""

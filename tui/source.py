@@ -1,7 +1,7 @@
-"""The live side of the TUI: one store, read incrementally, audited and alerted on as it grows.
+"""The live side of the TUI: one backend, read as it grows, audited and alerted on.
 
-Every call here touches DuckDB and may take a while, so the app only calls it from
-worker threads; a lock keeps the store to one thread at a time.
+Every call here queries the backend and may take a while, so the app only calls it
+from worker threads; a lock keeps the backend to one thread at a time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
-from kvaudit.store import TraceStore
+from kvaudit.backends import Source, as_backend
 from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
 from kvaudit.tui.figures import Analysis, Figures, compute_figures
@@ -20,16 +20,16 @@ from kvaudit.tui.findings import Auditor, FindingRow, finding_rows
 from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.window import Window
 
-NO_AUDITOR: Final = "auditor unavailable: the kvaudit auditor (kvaudit.audit) is not installed"
+NO_AUDITOR: Final = "not audited: the auditor is off"
 NO_RULES: Final = "no rule file (--rules)"
-NO_ALERTING: Final = "alerting unavailable: the kvaudit alerting engine (kvaudit.alerts) is not installed"
 
 
 class LiveSource:
-    """Trace files being written, turned into `Figures` on demand.
+    """Traces being written, turned into `Figures` on demand.
 
     Args:
-        store: the store over the trace paths (read incrementally by `poll`).
+        source: the traces (trace files are read incrementally by `poll`): a backend, or a
+            DuckDB store.
         auditor: computes findings; None shows that there is no auditor.
         alerting: evaluates the rule file; None with `alerts_note` saying why there is none.
         skew_s: clock skew allowed between replicas when joining fetches to stores.
@@ -39,7 +39,7 @@ class LiveSource:
 
     def __init__(
         self,
-        store: TraceStore,
+        source: Source,
         *,
         auditor: Auditor | None,
         alerting: Alerting | None = None,
@@ -48,23 +48,23 @@ class LiveSource:
         audit_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = store
+        self.backend = backend = as_backend(source)
         self._auditor = auditor
         self._alerting = alerting
         self._skew_s = skew_s
         self._audit_interval_s = audit_interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        # The auditor reads through its own DuckDB connection to the same database, so a long
+        # The auditor reads through a connection of its own to the same data, so a long
         # audit runs beside the refreshes instead of holding them up.
-        self._audit_store = store.cursor()
+        self._audit_backend = backend.cursor()
         self._analysis = Analysis(
             findings=None if auditor is None else (),
             findings_note="" if auditor is not None else NO_AUDITOR,
             alerts=None if alerting is None else (),
             alerts_note="" if alerting is not None else alerts_note,
         )
-        self._producers = ProducerIndex(store, skew_s=skew_s)
+        self._producers = ProducerIndex.of(backend, skew_s=skew_s)
         self._rows = 0
         self._audited_rows = -1  # rows read when the findings were computed
         self._next_audit = 0.0
@@ -78,11 +78,15 @@ class LiveSource:
             final: also read an unterminated last line (a one-shot read, not a live one).
         """
         with self._lock:
-            tables = self.store.refresh(final=final)
+            tables = self.backend.refresh(final=final)
+            if tables is None:  # a backend that reads nothing itself: its queries see the newest data
+                self._rows += 1  # (so each poll may bring news for the auditor)
+                return self._figures(window)
             added = tables.spans.num_rows + tables.errors.num_rows
             if added == 0 and self._last is not None and self._last.window == window.name:
-                return self._last  # nothing new: the same figures, without asking DuckDB again
-            self._producers.add(tables.pages)
+                return self._last  # nothing new: the same figures, without asking the backend again
+            if self._producers is not None:
+                self._producers.add(tables.pages)
             self._rows += added
             return self._figures(window)
 
@@ -97,12 +101,12 @@ class LiveSource:
         findings = None
         if self._auditor is not None and (force or self._audit_due()):
             self._audited_rows = self._rows
-            findings = finding_rows(self._auditor(self._audit_store))
+            findings = finding_rows(self._auditor(self._audit_backend))
             self._next_audit = self._clock() + self._audit_interval_s
         with self._lock:
             analysis = self._analysis if findings is None else replace(self._analysis, findings=findings)
             if self._alerting is not None:
-                analysis = replace(analysis, alerts=self._alerting(self.store))
+                analysis = replace(analysis, alerts=self._alerting(self.backend))
             if analysis == self._analysis:
                 return None
             self._analysis = analysis
@@ -116,19 +120,23 @@ class LiveSource:
     def descriptors(self, finding: FindingRow) -> DescriptorPair:
         """The fetched and stored descriptors behind a finding."""
         with self._lock:
-            return descriptor_pair(self.store, finding, skew_s=self._skew_s)
+            return descriptor_pair(self.backend, finding, skew_s=self._skew_s)
 
     def close(self) -> None:
         with self._lock:
-            self._audit_store.close()
-            self.store.close()
+            if self._audit_backend is not self.backend:
+                self._audit_backend.close()
+            self.backend.close()
 
     def _audit_due(self) -> bool:
         return self._rows != self._audited_rows and self._clock() >= self._next_audit
 
     def _figures(self, window: Window) -> Figures:
         self._serial += 1
-        self._last = replace(compute_figures(self.store, window, analysis=self._analysis), serial=self._serial)
+        figures = compute_figures(
+            self.backend, window, analysis=self._analysis, indexed=self._producers is not None, skew_s=self._skew_s
+        )
+        self._last = replace(figures, serial=self._serial)
         return self._last
 
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emission import Operation
+from kvaudit.emit.emitter import Operation
+from kvaudit.guard import violations
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
-from kvaudit.hooks.lmcache.guard import violations
 from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, tier_of
 from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
 
@@ -132,7 +132,7 @@ def _vet(
     if stored is not None and stored.checksum is not None and page.checksum is None:
         # The producer hashed this page: hash it here too, whatever the sample says.
         page.checksum = payload_checksum(obj)
-    return violations(page, consumer, expected_shape, stored)
+    return violations(page, PageDescriptor.from_config(consumer, shape=expected_shape), stored)
 
 
 def _outcome(used: int, requested: int, rejected: bool) -> Outcome:

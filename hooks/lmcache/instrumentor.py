@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Final
 
 from kvaudit.contract import Op, Outcome
-from kvaudit.emission import Emitter
+from kvaudit.emit.emitter import Emitter
 from kvaudit.hooks.lmcache import evict, fetch, runtime
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from lmcache.v1.mp_observability.event import Event, EventType
 from lmcache.v1.mp_observability.event_bus import EventBus, EventCallback, EventSubscriber, get_event_bus
 
 from kvaudit.contract import Hook, Op, PageDescriptor, Tier
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 
 # L1BackendType values (the medium behind the server's L1) as contract tiers.
 _L1_TIER: Final = {"dram": Tier.CPU, "devdax": Tier.CPU, "gds": Tier.DISK}

@@ -1,4 +1,4 @@
-"""Page descriptors of LMCache's stored and fetched memory objects (DESIGN.md section 3).
+"""Page descriptors of LMCache's stored and fetched memory objects (docs/design.md section 3).
 
 A store descriptor is complete: the storing engine knows its own configuration. A
 fetch descriptor holds only what the fetched object carried: its key (model, world
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from kvaudit.contract import PageDescriptor, Tier
+from kvaudit.contract import PageDescriptor, Tier, Transfer
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.memory_management import MemoryObj
     from lmcache.v1.metadata import LMCacheMetadata
-
-# LMCache copies every fetched payload into a memory object of its own.
-TRANSFER: Final = "copy"
 
 _TIER_OF_BACKEND: Final = {
     "LocalCPUBackend": Tier.CPU.value,
@@ -86,7 +83,8 @@ def store_page(
         kv_heads=kv_heads,
         head_size=head_size,
         checksum=checksum,
-        transfer=TRANSFER,
+        # LMCache copies every payload into a memory object of its own.
+        transfer=Transfer.COPY,
     )
 
 
@@ -112,7 +110,7 @@ def fetch_page(
         world_size=key.world_size,
         rank=key.worker_id,
         checksum=checksum,
-        transfer=TRANSFER,
+        transfer=Transfer.COPY,
         tier=tier,
     )
     if carried_meta:

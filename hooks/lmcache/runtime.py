@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from kvaudit.contract import KVConfig
-from kvaudit.emission import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks.lmcache.registry import StoreRegistry
 
 if TYPE_CHECKING:

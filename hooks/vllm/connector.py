@@ -34,10 +34,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emission import Emitter, Operation, setup_emitter
+from kvaudit.emit.emitter import Emitter, Operation, setup_emitter
+from kvaudit.guard import violations
 from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
-from kvaudit.hooks.vllm.guard import expected_page, violations
 from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan, external_request_id, plan_for
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config, inner_vllm_config
 from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
@@ -99,7 +99,10 @@ class KVAuditConnector(KVConnectorBase_V1):
         worker = role == KVConnectorRole.WORKER
         self._geometry: EngineGeometry = engine_geometry(vllm_config, _tp_rank(vllm_config) if worker else None)
         self._format: InnerFormat = format_for(self._inner, self._geometry)
-        self._expected = expected_page(self._geometry, self._format.layout)
+        # What this replica reads a page as: the reference the guard compares fetched pages with.
+        self._expected = PageDescriptor.from_config(
+            self._geometry.kv_config(self._format.layout), shape=self._geometry.page_shape
+        )
         self._emitter: Emitter = setup_emitter(
             self._settings.replica,
             self._settings.export,

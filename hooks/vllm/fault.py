@@ -8,7 +8,7 @@ token-major layout the example connector exchanges (`[tokens, kv heads, 2 * head
 size]`). Between replicas of one dtype that is the same bytes in another order;
 between a float32 producer and a bfloat16 consumer it is garbage. Either way the
 consumer gets a full hit and a silently wrong KV cache, with no error: the bug class
-of DESIGN.md section 1, on a real engine. (A random-weight test model attends almost
+of docs/design.md section 1, on a real engine. (A random-weight test model attends almost
 uniformly, so only the dtype misread changes its greedy output.)
 
     kv_connector="KVAuditConnector",

@@ -9,7 +9,7 @@ inner connector's metadata to units and describes their pages:
 - on a fetch, only from what the fetched object carries (file headers, sizes),
   never from the consumer's configuration.
 
-Layouts use DESIGN.md's names for the axes of one layer's payload (`NB` blocks, `NT`
+Layouts use docs/design.md's names for the axes of one layer's payload (`NB` blocks, `NT`
 tokens, `BS` tokens of a block, `NH` KV heads, `2HS` K and V packed on one axis); a
 page's `shape` is `(layers, *one layer's share of the page)`.
 """
@@ -22,7 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from kvaudit.contract import PageDescriptor, Tier
+import msgspec
+
+from kvaudit.contract import PageDescriptor, Tier, Transfer
 from kvaudit.hooks.vllm.geometry import EngineGeometry
 from kvaudit.hooks.vllm.plans import RequestPlan
 
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
 EXAMPLE_LAYOUT: Final = "NT_NH_2HS"
 # vLLM's CPU paged KV cache per layer: [blocks, kv heads, block size, 2 * head size].
 CPU_PAGED_LAYOUT: Final = "NB_NH_BS_2HS"
-TRANSFER_COPY: Final = "copy"
-TRANSFER_RAW_PTR: Final = "raw_ptr"
 
 _SAFETENSORS_DTYPES: Final = {
     "BF16": "bfloat16",
@@ -95,23 +95,12 @@ def page_skeletons(unit: Unit, block_size: int, fields: dict[str, Any]) -> list[
     ]
 
 
-def store_fields(geometry: EngineGeometry, shape: tuple[int, ...], layout: str, transfer: str) -> dict[str, Any]:
+def store_fields(geometry: EngineGeometry, shape: tuple[int, ...], layout: str, transfer: Transfer) -> dict[str, Any]:
     """What every page a producer stores shares: computed once per connector, not per page."""
-    return {
-        "hash_algo": geometry.hash_algo,
-        "model": geometry.model,
-        "dtype": geometry.dtype,
-        "shape": shape,
-        "layout": layout,
-        "bytes": geometry.page_bytes,
-        "world_size": geometry.world_size,
-        "rank": geometry.rank,
-        "layers": geometry.layers,
-        "kv_heads": geometry.kv_heads,
-        "head_size": geometry.head_size,
-        "transfer": transfer,
-        "tier": Tier.DISK.value,
-    }
+    page = PageDescriptor.from_config(
+        geometry.kv_config(layout), shape=shape, bytes=geometry.page_bytes, transfer=transfer, tier=Tier.DISK
+    )
+    return {name: value for name, value in msgspec.structs.asdict(page).items() if value is not None}
 
 
 class OpaqueFormat:
@@ -151,7 +140,7 @@ class ExampleFormat:
     @staticmethod
     def store_fields(geometry: EngineGeometry) -> dict[str, Any]:
         shape = (geometry.layers, geometry.block_size, geometry.kv_heads, 2 * geometry.head_size)
-        return store_fields(geometry, shape, EXAMPLE_LAYOUT, TRANSFER_COPY)
+        return store_fields(geometry, shape, EXAMPLE_LAYOUT, Transfer.COPY)
 
     def units(self, inner_meta: KVConnectorMetadata, plans: list[RequestPlan]) -> list[Unit]:
         """Match each of the inner metadata's requests to its plan by its first block id.
@@ -203,7 +192,7 @@ class ExampleFormat:
         block_size = self._geometry.block_size
         for page in pages:
             page.tier = Tier.DISK.value
-            page.transfer = TRANSFER_COPY
+            page.transfer = Transfer.COPY
             assert page.token_end is not None
             if page.token_end > tokens:
                 continue  # the file stops short of this page: nothing to describe
@@ -231,7 +220,7 @@ class RawPointerFormat(ExampleFormat):
     @staticmethod
     def store_fields(geometry: EngineGeometry) -> dict[str, Any]:
         shape = (geometry.layers, geometry.kv_heads, geometry.block_size, 2 * geometry.head_size)
-        return store_fields(geometry, shape, CPU_PAGED_LAYOUT, TRANSFER_RAW_PTR)
+        return store_fields(geometry, shape, CPU_PAGED_LAYOUT, Transfer.RAW_PTR)
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
         pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
@@ -240,7 +229,7 @@ class RawPointerFormat(ExampleFormat):
         total = sum(sizes) if files and None not in sizes else None
         for page in pages:
             page.tier = Tier.DISK.value
-            page.transfer = TRANSFER_RAW_PTR
+            page.transfer = Transfer.RAW_PTR
             if total is not None and pages:
                 page.bytes = total // len(pages)
                 page.layers = len(files)

@@ -1,4 +1,4 @@
-"""The replica's own KV configuration, read from the engine config (DESIGN.md section 3)."""
+"""The replica's own KV configuration, read from the engine config (docs/design.md section 3)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ class EngineGeometry:
     @property
     def element_bytes(self) -> int:
         return bytes_per_element(self.dtype) or 0
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        """The shape of one block as this replica's connector reads it (all layers, K and V packed)."""
+        return (self.layers, self.block_size, self.kv_heads, 2 * self.head_size)
 
     @property
     def page_bytes(self) -> int:

@@ -2,8 +2,9 @@
 
 - `rules`: the rule file model, loaded from YAML with the line of every node.
 - `check`: what `kvaudit alerts check` reports (structure, durations, SQL, templates).
-- `evaluate`: one rule's SQL over a store, as labelled samples.
+- `evaluate`: one rule's SQL over a backend, as labelled samples.
 - `engine`: the Prometheus state machine (pending, firing, resolved) with state on disk.
 - `notifiers`, `dispatch`: delivery to stdout, files, webhooks and Alertmanager.
-- `metrics`: the derived figures `kvaudit exporter` serves to Prometheus.
+
+May import: the analysis stage (the `findings` table), `kvaudit.backends`, the contract.
 """

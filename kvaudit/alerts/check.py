@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-import duckdb
-
-from kvaudit.alerts.context import prepare
-from kvaudit.alerts.evaluate import EvaluationError, classify, relation
+from kvaudit.alerts.evaluate import EvaluationError, classify, result
 from kvaudit.alerts.rules import Problem, Rule, read_rule_files
-from kvaudit.store import TraceStore
+from kvaudit.analyse.derived_views import prepare
+from kvaudit.backends import Backend, BackendError
+from kvaudit.backends.duckdb_backend import DuckDBBackend
+from kvaudit.read.store import TraceStore
 
 _SQL_LINE: Final = re.compile(r"^LINE (\d+):", re.MULTILINE)
 # Binder and catalog errors carry no line, but name what they did not find.
@@ -32,25 +32,20 @@ def check_files(paths: Iterable[str | Path]) -> list[Problem]:
         OSError: a file cannot be read.
     """
     groups, problems = read_rule_files(paths)
-    store = TraceStore()
-    try:
-        prepare(store)
+    with DuckDBBackend(TraceStore()) as backend:
+        prepare(backend)
         for group in groups:
             for rule in group.rules:
-                problems.extend(check_rule(store.con, rule))
-    finally:
-        store.close()
+                problems.extend(check_rule(backend, rule))
     return sorted(problems, key=lambda p: (p.file, p.line))
 
 
-def check_rule(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[Problem]:
+def check_rule(backend: Backend, rule: Rule) -> list[Problem]:
     """What is wrong with a rule's SQL and the templates that use its columns."""
     try:
-        result = relation(con, rule)
-        columns = classify(result)
-        result.fetchall()
-    except duckdb.Error as exc:
-        return [Problem(rule.file, _error_line(rule, str(exc)), _sql_error(str(exc)))]
+        columns = classify(result(backend, rule).schema)
+    except BackendError as exc:
+        return [Problem(rule.file, _error_line(rule, exc.detail), _sql_error(exc.detail))]
     except EvaluationError as exc:
         return [Problem(rule.file, rule.expr_line, f"expr: {exc}")]
     problems = [Problem(rule.file, rule.expr_line, f"expr: {p}") for p in columns.problems()]

@@ -54,6 +54,7 @@ class Dispatcher:
                         alert.notified[notifier.name] = Delivery(alert.state, now)
             stats.undelivered = sum(_is_due(a, notifier, now) for a in alerts)
 
+
 def _is_due(alert: AlertInstance, notifier: Notifier, now: float) -> bool:
     if alert.state is AlertState.PENDING:
         return False

@@ -1,4 +1,4 @@
-"""The rule engine: evaluates rule groups over a store and runs Prometheus' alert state machine.
+"""The rule engine: evaluates rule groups over a backend and runs Prometheus' alert state machine.
 
 inactive → pending (condition holds, for less than `for`) → firing → resolved (the
 condition stopped holding, and `keep_firing_for` has passed since). A pending alert
@@ -6,7 +6,7 @@ whose condition stops is forgotten; a resolved one is kept for a while so that
 notifiers can announce it, and replaced when its condition returns.
 
     engine = RuleEngine(load_default_pack(), state_path="alerts-state.json")
-    for alert in engine.evaluate(store):
+    for alert in engine.evaluate(backend):
         print(alert.state, alert.labels, alert.annotations, alert.value, alert.active_since)
 """
 
@@ -18,14 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-import duckdb
-
-from kvaudit.alerts.context import prepare
 from kvaudit.alerts.evaluate import EvaluationError, Sample, evaluate_rule
 from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
 from kvaudit.alerts.rules import ALERTNAME, Group, Rule
 from kvaudit.alerts.state_file import load_state, save_state
-from kvaudit.store import TraceStore
+from kvaudit.analyse.derived_views import prepare
+from kvaudit.backends import BackendError, Source, as_backend
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +40,7 @@ class RuleEngine:
             of rules that no longer exist are dropped when it is loaded.
         clock: the current time in Unix seconds (tests pass a controllable one).
         resolved_retention_s: how long resolved alerts stay tracked.
+        skew_s: clock skew the auditor allows between replicas (for `findings`).
 
     Raises:
         ValueError: the state file is unreadable.
@@ -54,11 +53,13 @@ class RuleEngine:
         state_path: str | Path | None = None,
         clock: Callable[[], float] = time.time,
         resolved_retention_s: float = RESOLVED_RETENTION_S,
+        skew_s: float = 1.0,
     ) -> None:
         self.groups = list(groups)
         self.state_path = Path(state_path) if state_path is not None else None
         self.clock = clock
         self.resolved_retention_s = resolved_retention_s
+        self.skew_s = skew_s
         self.errors: dict[tuple[str, str], str] = {}  # (group, alert) -> the last evaluation's error
         self._next_due: dict[str, float] = {}
         rules = {(g.name, r.alert) for g in self.groups for r in g.rules}
@@ -77,22 +78,23 @@ class RuleEngine:
     def firing(self) -> list[AlertInstance]:
         return [a for a in self.alerts if a.state is AlertState.FIRING]
 
-    def evaluate(self, store: TraceStore) -> list[AlertInstance]:
+    def evaluate(self, source: Source) -> list[AlertInstance]:
         """Evaluate the groups that are due, advance the state machine, save the state.
 
         A rule whose SQL fails keeps its alerts as they were (its error is in
         `errors`): a broken query must not resolve what it cannot see.
         """
         now = self.clock()
-        prepare(store)
+        backend = as_backend(source)
+        prepare(backend, skew_s=self.skew_s)
         for group in self.groups:
             if now < self._next_due.get(group.name, now):
                 continue
             self._next_due[group.name] = now + (group.interval_s or 0.0)
             for rule in group.rules:
                 try:
-                    samples = evaluate_rule(store.con, rule)
-                except (duckdb.Error, EvaluationError) as exc:
+                    samples = evaluate_rule(backend, rule)
+                except (BackendError, EvaluationError) as exc:
                     message = " ".join(str(exc).split())
                     if self.errors.get((group.name, rule.alert)) != message:
                         logger.warning("%s:%d: alert %s: %s", rule.file, rule.line, rule.alert, message)

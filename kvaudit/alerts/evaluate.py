@@ -1,4 +1,4 @@
-"""One rule's SQL over the kvaudit views, as labelled samples.
+"""One rule's SQL over the kvaudit views of a backend, as labelled samples.
 
 A row is one alerting instance: its non-numeric columns are labels (NULL leaves the
 label out), its `value` column the sample value. Whether a column is numeric is
@@ -13,17 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import duckdb
+import pyarrow as pa
 
 from kvaudit.alerts.rules import ALERTNAME, NAME, Rule
+from kvaudit.backends import Backend, BackendError
 
 VALUE: Final = "value"
-_NUMERIC: Final = frozenset(
-    {
-        "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
-        "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT",
-        "FLOAT", "DOUBLE",
-    }
-)  # fmt: skip
 
 
 class EvaluationError(Exception):
@@ -60,67 +55,81 @@ class Columns:
         return problems
 
 
-def classify(relation: duckdb.DuckDBPyRelation) -> Columns:
-    """Labels, value and ignored columns of a query's result, from its SQL types.
+def classify(schema: pa.Schema) -> Columns:
+    """Labels, value and ignored columns of a query's result, from its column types.
 
     Raises:
         EvaluationError: the `value` column is not numeric.
     """
     labels, ignored, value = [], [], None
-    for name, type_ in zip(relation.columns, relation.types):
-        numeric = _is_numeric(str(type_))
-        if name == VALUE:
+    for column in schema:
+        numeric = _is_numeric(column.type)
+        if column.name == VALUE:
             if not numeric:
-                raise EvaluationError(f"column {VALUE!r} must be numeric, not {type_}")
-            value = name
+                raise EvaluationError(f"column {VALUE!r} must be numeric, not {column.type}")
+            value = column.name
         elif numeric:
-            ignored.append(name)
+            ignored.append(column.name)
         else:
-            labels.append(name)
+            labels.append(column.name)
     return Columns(tuple(labels), value, tuple(ignored))
 
 
-def _is_numeric(type_name: str) -> bool:
-    return type_name in _NUMERIC or type_name.startswith("DECIMAL")
+def _is_numeric(type_: pa.DataType) -> bool:
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
 
 
-def relation(con: duckdb.DuckDBPyConnection, rule: Rule) -> duckdb.DuckDBPyRelation:
-    """The rule's query, bound against the views but not run.
+def require_query(expr: str) -> None:
+    """Raise EvaluationError unless `expr` is one query (SELECT, WITH, VALUES, ...), read by DuckDB's parser.
 
     Raises:
-        duckdb.Error: it does not parse or names something that does not exist.
-        EvaluationError: it is not a query.
+        EvaluationError: several statements, or one that is not a query.
+        duckdb.Error: it does not parse.
     """
-    result = con.sql(rule.expr)
-    if result is None:
+    statements = duckdb.extract_statements(expr)
+    if len(statements) != 1:
+        raise EvaluationError(f"expr holds {len(statements)} statements: give one query")
+    if statements[0].type != duckdb.StatementType.SELECT:
         raise EvaluationError("expr is a statement, not a query")
-    return result
 
 
-def evaluate_rule(con: duckdb.DuckDBPyConnection, rule: Rule) -> list[Sample]:
+def result(backend: Backend, rule: Rule) -> pa.Table:
+    """The rows of the rule's query over the backend.
+
+    Raises:
+        BackendError: the SQL failed.
+        EvaluationError: it is not one query.
+    """
+    try:
+        require_query(rule.expr)
+    except duckdb.Error as exc:  # as the backend would report it
+        raise BackendError(str(exc).splitlines()[0], str(exc)) from None
+    return backend.arrow(rule.expr)
+
+
+def evaluate_rule(backend: Backend, rule: Rule) -> list[Sample]:
     """The samples of one evaluation of a rule.
 
     Raises:
-        duckdb.Error: the SQL failed.
+        BackendError: the SQL failed.
         EvaluationError: the result cannot become alerts.
     """
-    result = relation(con, rule)
-    columns = classify(result)
+    table = result(backend, rule)
+    columns = classify(table.schema)
     problems = columns.problems()
     if problems:
         raise EvaluationError("; ".join(problems))
-    positions = [result.columns.index(name) for name in columns.labels]
-    value_at = result.columns.index(columns.value) if columns.value else None
+    labels = {name: table.column(name).to_pylist() for name in columns.labels}
+    values = table.column(columns.value).to_pylist() if columns.value else [None] * table.num_rows
     samples: list[Sample] = []
     seen: set[tuple[tuple[str, str], ...]] = set()
-    for row in result.fetchall():
-        labels = {name: _label_value(row[i]) for name, i in zip(columns.labels, positions) if row[i] is not None}
-        identity = tuple(sorted(labels.items()))
+    for row, value in enumerate(values):
+        sample = {name: _label_value(column[row]) for name, column in labels.items() if column[row] is not None}
+        identity = tuple(sorted(sample.items()))
         if identity in seen:
             raise EvaluationError(f"two rows have the same labels {dict(identity)}: add a column that tells them apart")
         seen.add(identity)
-        value = row[value_at] if value_at is not None else None
-        samples.append(Sample(labels, None if value is None else float(value)))
+        samples.append(Sample(sample, None if value is None else float(value)))
     return samples
 
 

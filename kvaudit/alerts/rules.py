@@ -28,8 +28,8 @@ from typing import Final
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from kvaudit.alerts.durations import parse_duration
 from kvaudit.alerts.templates import Template, parse_template
+from kvaudit.durations import parse_duration
 
 NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALERTNAME: Final = "alertname"

@@ -7,27 +7,42 @@ Parquet (`DuckDBBackend`), or ClickHouse behind the OpenTelemetry Collector
 translates it to its own `dialect` where that differs (see `translate`).
 
 Query parameters are the named queries' variables: `getvariable('kvaudit_...')` in
-the SQL, given as `params={"kvaudit_...": value}`.
+the SQL, given as `params={"kvaudit_...": value}`. Beyond DuckDB's own, kvaudit SQL has
+one function, `recent(ts, span)`: `ts` lies within `span` (an INTERVAL) before the
+newest span's end, so a window follows the traces, live or replayed.
+
+Every surface (`sql`, `audit`, `report`, `alerts`, `exporter`, `tui`) reads through
+this interface and nothing else, so each works on every backend.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+if TYPE_CHECKING:
+    from kvaudit.read.columns import Tables
+
 Params = Mapping[str, Any]
 Rows = list[tuple[Any, ...]]
+# What `recent(ts, span)` means, in kvaudit SQL: each backend defines the function as this.
+RECENT = "ts > (SELECT max(end_time) FROM spans) - span"
 
 
 class BackendError(ValueError):
     """A backend could not run a query or could not be reached.
 
     A ValueError, so that the CLI reports it as one line and exit status 2, like any
-    other unusable input.
+    other unusable input. `detail` is the engine's whole message (its first line is the
+    error's text), where a caller wants more, such as the line a syntax error points at.
     """
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail if detail is not None else message
 
 
 class Backend(ABC):
@@ -67,6 +82,30 @@ class Backend(ABC):
         Raises:
             BackendError: the table could not be created.
         """
+
+    @abstractmethod
+    def temp_view(self, name: str, sql: str) -> None:
+        """Create (or replace) a temporary view `name` of the kvaudit SQL query `sql`.
+
+        Raises:
+            BackendError: the view could not be created.
+        """
+
+    def refresh(self, *, final: bool = True) -> Tables | None:
+        """Take in what arrived since the last call, where the backend reads growing files itself.
+
+        Args:
+            final: also read an unterminated last line (a one-shot read, not a live one).
+
+        Returns:
+            The rows added; None for a backend whose queries always see the newest data
+            (ClickHouse fed by the Collector, an ingested database), which has nothing to read.
+        """
+        return None
+
+    @abstractmethod
+    def cursor(self) -> Backend:
+        """The same data for use by another thread (which may query while this one refreshes)."""
 
     @abstractmethod
     def close(self) -> None:

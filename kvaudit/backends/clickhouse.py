@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlparse
@@ -21,7 +22,7 @@ import sqlglot
 
 from kvaudit.backends.base import Backend, BackendError, Params, Rows
 from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
-from kvaudit.backends.translate import WRITE, to_clickhouse
+from kvaudit.backends.translate import WRITE, Statement, to_clickhouse
 
 # DuckDB's semantics where ClickHouse's defaults differ: an outer join's missing side
 # is NULL (not the type's default), an aggregate over no rows is NULL (not 0), a name
@@ -36,6 +37,7 @@ SETTINGS: Final[dict[str, Any]] = {
     "allow_suspicious_types_in_order_by": 1,
 }
 SCHEMES: Final = ("clickhouse", "clickhouses")
+CHDB_SCHEME: Final = "chdb"
 DEFAULT_PORTS: Final = {"clickhouse": 8123, "clickhouses": 8443}
 
 
@@ -140,6 +142,7 @@ class ClickHouseBackend(Backend):
 
     The views are created in the session at the first query, so that the table may be
     created after the backend (tests, `clickhouse_load`); a missing table is reported then.
+    One session serves every thread (`cursor()` is the backend itself): its calls take turns.
     """
 
     dialect = WRITE
@@ -148,24 +151,42 @@ class ClickHouseBackend(Backend):
         self.connection = connection
         self.table = table
         self._views = False
-        self._columns = view_columns()  # and those of the temporary tables made here
+        self._columns = view_columns()  # and those of the temporary tables and views made here
+        self._lock = threading.RLock()
 
     def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
-        if not self._views:
-            for statement in view_statements(self.table).values():
-                self.connection.command(statement)
-            self._views = True
+        with self._lock:
+            if not self._views:
+                for statement in view_statements(self.table).values():
+                    self.connection.command(statement)
+                self._views = True
+            result = pa.table({})
+            for statement in self._translate(sql, params):
+                if statement.returns_rows:
+                    result = self.connection.arrow(statement.sql)
+                else:
+                    self.connection.command(statement.sql)
+            return result
+
+    def _translate(self, sql: str, params: Params | None) -> list[Statement]:
         try:
-            statements = to_clickhouse(sql, params, self._columns)
+            return to_clickhouse(sql, params, self._columns)
         except sqlglot.errors.SqlglotError as exc:
             raise BackendError(f"cannot translate the query to ClickHouse: {_first_line(exc)}") from None
-        result = pa.table({})
-        for statement in statements:
-            if statement.returns_rows:
-                result = self.connection.arrow(statement.sql)
-            else:
-                self.connection.command(statement.sql)
-        return result
+
+    def temp_view(self, name: str, sql: str) -> None:
+        statements = self._translate(sql, None)
+        if len(statements) != 1 or not statements[0].returns_rows:
+            raise BackendError(f"view {name}: not one query")
+        with self._lock:
+            self.arrow("SELECT 1")  # the kvaudit views first: the new one may read them
+            # Temporary views cannot be replaced in place; dropping a temporary one leaves the database alone.
+            self.connection.command(f"DROP TEMPORARY VIEW IF EXISTS {_identifier(name)}")
+            self.connection.command(f"CREATE TEMPORARY VIEW {_identifier(name)} AS {statements[0].sql}")
+            self._columns[name] = self.connection.arrow(f"SELECT * FROM {_identifier(name)} LIMIT 0").column_names
+
+    def cursor(self) -> ClickHouseBackend:
+        return self
 
     def query(self, sql: str, params: Params | None = None) -> tuple[list[str], Rows]:
         """As `Backend.query`; timestamps come as naive UTC datetimes, as from DuckDB."""
@@ -174,17 +195,22 @@ class ClickHouseBackend(Backend):
 
     def temp_table(self, name: str, table: pa.Table) -> None:
         columns = ", ".join(f"{_identifier(f.name)} {_column_type(f.type)}" for f in table.schema)
-        self.connection.command(f"CREATE OR REPLACE TEMPORARY TABLE {_identifier(name)} ({columns}) ENGINE = Memory")
-        if table.num_rows:
-            self.connection.insert(_identifier(name), table)
-        self._columns[name] = table.column_names
+        with self._lock:
+            self.connection.command(
+                f"CREATE OR REPLACE TEMPORARY TABLE {_identifier(name)} ({columns}) ENGINE = Memory"
+            )
+            if table.num_rows:
+                self.connection.insert(_identifier(name), table)
+            self._columns[name] = table.column_names
 
     def close(self) -> None:
         self.connection.close()
 
 
 def connect(url: str) -> ClickHouseBackend:
-    """The backend for `clickhouse://[USER[:PASSWORD]@]HOST[:PORT]/DB[?table=otel_traces]`.
+    """The backend for `clickhouse://[USER[:PASSWORD]@]HOST[:PORT]/DB[?table=otel_traces]`,
+    or `chdb:///PATH[?table=otel_traces]`: the ClickHouse engine in this process over the
+    database directory PATH (chdb's, as a session there left it).
 
     `clickhouses://` uses TLS. The port is the HTTP interface's (8123, or 8443 with TLS).
 
@@ -193,9 +219,13 @@ def connect(url: str) -> ClickHouseBackend:
         BackendError: the server cannot be reached or has no such table.
     """
     parts = urlparse(url)
-    if parts.scheme not in SCHEMES or not parts.hostname:
-        raise ValueError(f"{url}: expected clickhouse://HOST:PORT/DB")
     table = parse_qs(parts.query).get("table", [DEFAULT_TABLE])[0]
+    if parts.scheme == CHDB_SCHEME and parts.path:
+        if not os.path.isdir(parts.path):
+            raise FileNotFoundError(f"{parts.path}: no chdb database directory")
+        return ClickHouseBackend(ChdbConnection(parts.path), table)
+    if parts.scheme not in SCHEMES or not parts.hostname:
+        raise ValueError(f"{url}: expected clickhouse://HOST:PORT/DB or chdb:///PATH")
     return ClickHouseBackend(ServerConnection(url), table)
 
 

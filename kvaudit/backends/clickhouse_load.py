@@ -19,8 +19,9 @@ import pyarrow as pa
 
 from kvaudit.backends.clickhouse import ClickHouseBackend
 from kvaudit.contract import Res
-from kvaudit.otlp_schema import DECODER, KeyValue, Span
-from kvaudit.reader import attribute_text, expand_paths, hex_id
+from kvaudit.otlp.schema import DECODER, KeyValue, Span
+from kvaudit.read.decode import attribute_text, hex_id
+from kvaudit.read.files import expand_paths
 
 # The exporter's own table (internal/sql_templates/traces_table.sql, with its default
 # engine and no TTL): the same columns, codecs, indexes, partitioning and order.

@@ -20,13 +20,8 @@ from typing import Final
 import pyarrow as pa
 from sqlglot import exp
 
-from kvaudit.contract import EVENT_PAGE
-from kvaudit.reader import (
-    ERRORS_SCHEMA,
-    PAGE_ATTR_COLUMNS,
-    RESOURCE_COLUMNS,
-    SPAN_ATTR_COLUMNS,
-)
+from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SPAN_COLUMNS
+from kvaudit.read.columns import ERRORS_SCHEMA
 
 DEFAULT_TABLE: Final = "otel_traces"
 _ARRAY: Final = "Variant(Array(Int64))"
@@ -97,8 +92,8 @@ def view_columns() -> dict[str, list[str]]:
 
 def _select_lists() -> dict[str, list[str]]:
     status = ", ".join(f"StatusCode = {_quote(name)}, {code}" for name, code in _STATUS_CODES.items())
-    known = ", ".join(_quote(key) for key, _ in SPAN_ATTR_COLUMNS.values())
-    on_pages = {name: SPAN_ATTR_COLUMNS[name] for name in ("op", "hook", "backend", "request_id", "outcome")}
+    known = ", ".join(_quote(key) for key, _ in SPAN_COLUMNS.values())
+    on_pages = {name: SPAN_COLUMNS[name] for name in ("op", "hook", "backend", "request_id", "outcome")}
     return {
         "spans": [
             *_head("ResourceAttributes"),
@@ -109,7 +104,7 @@ def _select_lists() -> dict[str, list[str]]:
             f"CAST(multiIf({status}, NULL) AS Nullable(Int64)) AS status_code",
             "CAST(NULL AS Nullable(Int64)) AS dropped_attributes",
             "CAST(NULL AS Nullable(Int64)) AS dropped_events",
-            *_attributes("SpanAttributes", SPAN_ATTR_COLUMNS),
+            *_attributes("SpanAttributes", SPAN_COLUMNS),
             "toDateTime64(Timestamp, 9, 'UTC') AS start_time",
             "fromUnixTimestamp64Nano(end_ns, 'UTC') AS end_time",
             "Duration / 1e6 AS duration_ms",
@@ -119,7 +114,7 @@ def _select_lists() -> dict[str, list[str]]:
             *_head("ResourceAttributes"),
             *_attributes("SpanAttributes", on_pages),
             "toUnixTimestamp64Nano(event_time) AS time_ns",
-            *_attributes("event_attributes", PAGE_ATTR_COLUMNS),
+            *_attributes("event_attributes", PAGE_COLUMNS),
             "toDateTime64(event_time, 9, 'UTC') AS time",
         ],
         "replicas": [

@@ -24,6 +24,8 @@ translates most of it; this module adds what kvaudit's queries need beyond that:
 - `WITH x AS [NOT] MATERIALIZED (...)` loses its `[NOT] MATERIALIZED`: ClickHouse inlines
   CTEs, and older servers know neither keyword (the results are the same either way);
 - `cume_dist()` is spelled in lower case, the only spelling ClickHouse knows;
+- `recent(ts, span)`, kvaudit SQL's own function (a macro on DuckDB), is written out
+  as its definition (`base.RECENT`);
 - a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`).
 
 Where a construct has no translation, the source query is written in a form both
@@ -40,7 +42,7 @@ from typing import Final, NamedTuple
 import sqlglot
 from sqlglot import exp
 
-from kvaudit.backends.base import Params
+from kvaudit.backends.base import RECENT, Params
 
 READ: Final = "duckdb"
 WRITE: Final = "clickhouse"
@@ -187,6 +189,15 @@ def _rewrite_functions(node: exp.Expression) -> exp.Expression:
             digest = exp.Anonymous(this="MD5", expressions=node.expressions)  # the binary digest, not hex
             half = exp.func("substring", digest, start, 8)
             return exp.Anonymous(this="reinterpretAsUInt64", expressions=[half])
+    if _is_call(node, "recent") and len(node.expressions) == 2:
+        ts, span = node.expressions
+        arguments = {"ts": ts, "span": span}
+        definition = _recent().copy()
+        return exp.Paren(
+            this=definition.transform(
+                lambda n: arguments[n.name].copy() if isinstance(n, exp.Column) and n.name in arguments else n
+            )
+        )
     if _is_call(node, "list_product"):
         return exp.Anonymous(this="arrayProduct", expressions=node.expressions)
     if _is_call(node, "product"):
@@ -253,3 +264,8 @@ def _json_branches(case: exp.Case) -> bool:
 
 def _is_call(node: exp.Expression, name: str) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.lower() == name
+
+
+@lru_cache(maxsize=1)
+def _recent() -> exp.Expression:
+    return sqlglot.parse_one(RECENT, read=READ)

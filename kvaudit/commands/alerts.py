@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from kvaudit.alerts.check import check_files
 from kvaudit.alerts.dispatch import Dispatcher
-from kvaudit.alerts.durations import parse_duration
 from kvaudit.alerts.engine import RuleEngine
 from kvaudit.alerts.http import HttpPoster
 from kvaudit.alerts.instances import AlertInstance, AlertState
@@ -22,9 +21,15 @@ from kvaudit.alerts.notifiers import parse_notifier
 from kvaudit.alerts.payloads import rfc3339
 from kvaudit.alerts.rules import ALERTNAME, Group, default_pack_text, load_default_pack, load_rules
 from kvaudit.alerts.templates import format_value
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.output import FORMATS, warn_read_errors, write_rows
-from kvaudit.store import TraceStore, open_store
+from kvaudit.commands.arguments import (
+    UsageError,
+    add_input_arguments,
+    command_parser,
+    duration,
+    open_backend,
+    warn_backend_read_errors,
+)
+from kvaudit.present.rows import FORMATS, warn_read_errors, write_rows
 
 DEFAULT_STATE = "kvaudit-alerts.state.json"
 
@@ -49,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     watch = actions.add_parser("watch", help="evaluate as trace files grow; keep alert state on disk; notify")
     _add_common(watch)
-    watch.add_argument("--interval", default="15s", help="evaluation interval (Prometheus duration, default 15s)")
+    watch.add_argument("--interval", type=duration, default=15.0, help="evaluation interval (default 15s)")
     watch.add_argument("--state", default=DEFAULT_STATE, help=f"alert state file (default {DEFAULT_STATE})")
     watch.add_argument(
         "--notify",
@@ -57,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="stdout, file:PATH, webhook:URL or alertmanager:URL; repeatable (default: stdout)",
     )
-    watch.add_argument("--timeout", default="5s", help="per HTTP attempt (default 5s)")
+    watch.add_argument("--timeout", type=duration, default=5.0, help="per HTTP attempt (default 5s)")
     watch.add_argument("--retries", type=int, default=3, help="HTTP retries after the first attempt (default 3)")
     watch.add_argument("--once", action="store_true", help="evaluate and notify once, then exit (for cron and tests)")
     watch.set_defaults(run=run_watch)
@@ -67,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files, directories, globs")
+    add_input_arguments(parser)
     parser.add_argument(
         "--rules", action="append", metavar="RULES", help="rule file; repeatable (default: the default pack)"
     )
@@ -93,10 +98,10 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    engine = RuleEngine(_groups(args.rules))
-    store = open_store(args.paths)
-    warn_read_errors(store.query("SELECT file, line, reason FROM read_errors ORDER BY file, line")[1])
-    alerts = [a for a in engine.evaluate(store) if a.state is not AlertState.RESOLVED]
+    engine = RuleEngine(_groups(args.rules), skew_s=args.skew)
+    with open_backend(args.backend, args.paths) as backend:
+        warn_backend_read_errors(backend)
+        alerts = [a for a in engine.evaluate(backend) if a.state is not AlertState.RESOLVED]
     columns = ("state", "severity", "alertname", "labels", "value", "summary", "active_since")
     if alerts:
         write_rows(columns, [_row(a) for a in alerts], args.format)
@@ -113,25 +118,24 @@ def _row(alert: AlertInstance) -> tuple[object, ...]:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    if any(str(p).endswith(".duckdb") for p in args.paths):
-        raise UsageError("watch reads trace files as they grow; give trace files, not an ingested database")
-    interval = parse_duration(args.interval)
+    interval = args.interval
     if interval <= 0:
         raise UsageError("--interval must be longer than 0s")
-    http = HttpPoster(timeout_s=parse_duration(args.timeout), retries=args.retries)
+    http = HttpPoster(timeout_s=args.timeout, retries=args.retries)
     dispatcher = Dispatcher([parse_notifier(spec, http) for spec in args.notify or ["stdout"]])
-    engine = RuleEngine(_groups(args.rules), state_path=args.state)
-    store = TraceStore(args.paths, ":memory:")  # queried after every refresh: DuckDB's own tables
+    engine = RuleEngine(_groups(args.rules), state_path=args.state, skew_s=args.skew)
+    backend = open_backend(args.backend, args.paths, live=True)  # trace files are read as they grow
     status = ""
     while True:
         try:
             # Only complete lines: a writer may be in the middle of the last one.
-            tables = store.refresh(final=False)
-            warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
+            tables = backend.refresh(final=False)
+            if tables is not None:
+                warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
         except OSError as exc:
             # A file rotated or a directory remounted: alert on what was read, retry next time.
             print(f"kvaudit alerts: reading traces: {exc}", file=sys.stderr)
-        alerts = engine.evaluate(store)
+        alerts = engine.evaluate(backend)
         dispatcher.dispatch(alerts, engine.clock())
         engine.save()  # what each notifier acknowledged
         status = _status(alerts, dispatcher, status)

@@ -12,13 +12,14 @@ import threading
 
 import zmq
 
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.collector import DEFAULT_MAX_BODY, CollectorServer, TraceSink, parse_address
+from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.contract import KVConfig
-from kvaudit.emission import Emitter, replica_resource
+from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
-from kvaudit.sink_exporter import SinkExporter
-from kvaudit.span_batcher import SpanBatcher
+from kvaudit.receive.otlp_http import DEFAULT_MAX_BODY, CollectorServer, parse_address
+from kvaudit.receive.sink_exporter import SinkExporter
+from kvaudit.receive.trace_sink import TraceSink
 
 KV_EVENTS_SERVICE = "kvaudit-kv-events"
 

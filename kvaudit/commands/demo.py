@@ -2,29 +2,29 @@
 
 The simulator drives the real emitter and file exporter; then the same traces go
 through what a user would run on their own fleet: the audit, the report and the
-capacity curve where this installation has them, the named `summary` query always,
-and the auditor's findings checked against what the simulator injected.
+capacity curve, the named `summary` query, and the auditor's findings checked against
+what the simulator injected.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import shutil
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Final
 
-from kvaudit.cli import UsageError, command_parser, main
+from kvaudit.analyse.named_queries import load, query_path
+from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.commands.simulate import print_summary
-from kvaudit.named_queries import load, query_path
-from kvaudit.output import write_rows
+from kvaudit.present.report import gather, print_report
+from kvaudit.present.report_html import write_html
+from kvaudit.present.rows import write_rows
+from kvaudit.read.open import open_store
+from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import Faults
-from kvaudit.store import TraceStore, open_store
 
 # A few simulated minutes at a load that keeps both replicas busy but not saturated.
 DURATION_S: Final = 300.0
@@ -68,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
     store = open_store([str(traces_dir)])
     _heading("2. Reuse as the traces show it (named query `summary`)")
     write_rows(*store.query(load("summary")))
-    _audit(store, result, traces_dir)
+    _report(store, result, out)
     _heading("Look further")
     print(f"  kvaudit tui {traces_dir}")
-    if _have("kvaudit.audit"):
-        print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
+    print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
     print(f'  kvaudit sql {traces_dir} "SELECT replica, op, layout, used, count(*) FROM pages GROUP BY ALL"')
     print(f"  kvaudit sql {traces_dir} -f {query_path('summary')}")
     print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")
@@ -80,31 +79,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(store: TraceStore, result: SimResult, traces: Path) -> None:
-    """The report where installed (findings, reuse, hit rates, overhead, capacity), else the findings counted."""
-    if not _have("kvaudit.audit"):
-        _heading("3. Audit")
-        print("  (the auditor is not part of this installation yet)")
-        return
-    findings = importlib.import_module("kvaudit.audit").run_audit(store)
-    if _have("kvaudit.commands.report"):
-        _heading("3. Report: findings, reuse, hit rates, transfer overhead, pool capacity")
-        main(["report", str(traces), "--html", str(traces.parent / "report.html")])
-    else:
-        _heading("3. Audit")
-        counts = Counter((f.severity, f.code, f.rule, f.replica or "") for f in findings)  # critical first
-        write_rows(["severity", "code", "rule", "replica", "findings"], [(*key, n) for key, n in counts.items()])
-    found = {(f.replica, f.trace_id, f.key) for f in findings}
+def _report(store: TraceStore, result: SimResult, out: Path) -> None:
+    """The report (findings, reuse, hit rates, overhead, capacity), and the findings held to the ground truth."""
+    _heading("3. Report: findings, reuse, hit rates, transfer overhead, pool capacity")
+    report = gather(store)
+    print_report(report, sys.stdout)
+    html = out / "report.html"
+    write_html(report, html, title=f"kvaudit demo: {out}")
+    print(f"\nHTML report: {html}")
+    found = {(f.replica, f.trace_id, f.key) for f in report.findings}
     caught = sum((t.replica, t.trace_id, t.key) in found for t in result.ground_truth)
     injected = len(result.ground_truth)
     print(f"\nRecall: the audit flagged {caught} of the {injected} faulty fetched pages the simulator injected.")
-
-
-def _have(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def _heading(text: str) -> None:

@@ -1,4 +1,4 @@
-"""`kvaudit exporter`: serve figures derived from trace files on /metrics for Prometheus."""
+"""`kvaudit exporter`: serve figures derived from trace files (or ClickHouse) on /metrics for Prometheus."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from kvaudit.alerts.metrics import TraceMetrics
-from kvaudit.cli import command_parser
-from kvaudit.store import TraceStore, open_store
+from kvaudit.backends import Backend
+from kvaudit.commands.arguments import TRACE_PATHS_HELP, add_input_arguments, command_parser, open_backend
+from kvaudit.present.metrics import TraceMetrics
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,25 +20,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Serve hit rates, cross-replica reuse, fetch bytes and latency from trace files on /metrics.",
         "kvaudit exporter traces/ --port 9464   # then scrape http://HOST:9464/metrics",
     )
-    parser.add_argument(
-        "paths", nargs="+", metavar="PATH", help="trace files, directories, globs, or one .duckdb from `kvaudit ingest`"
-    )
+    add_input_arguments(parser, paths_help=f"{TRACE_PATHS_HELP} (trace files are read as they grow)")
     parser.add_argument("--port", type=int, default=9464, help="port to listen on (default 9464, 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.set_defaults(run=run)
 
 
-def serve(store: TraceStore, host: str, port: int) -> tuple[WSGIServer, int]:
+def serve(backend: Backend, host: str, port: int, *, skew_s: float = 1.0) -> tuple[WSGIServer, int]:
     """Start serving /metrics in a background thread; returns the server and its port."""
     registry = CollectorRegistry()
-    registry.register(TraceMetrics(store))
+    registry.register(TraceMetrics(backend, skew_s=skew_s))
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port
 
 
 def run(args: argparse.Namespace) -> int:
-    store = open_store(args.paths, database=":memory:")  # queried at every scrape: DuckDB's own tables
-    _, port = serve(store, args.host, args.port)
+    backend = open_backend(args.backend, args.paths, live=True)  # queried at every scrape
+    backend.refresh(final=False)  # what is there now, before the first scrape
+    _, port = serve(backend, args.host, args.port, skew_s=args.skew)
     print(f"kvaudit exporter: serving http://{args.host}:{port}/metrics", flush=True)
     threading.Event().wait()  # the server thread serves until Ctrl-C
     return 0

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-from kvaudit import parquet
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.output import warn_read_errors
-from kvaudit.store import TraceStore
+from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.present.rows import warn_read_errors
+from kvaudit.read import parquet
+from kvaudit.read.open import open_parquet
+from kvaudit.read.store import TraceStore
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.parquet is not None:
         parquet.write(store, args.parquet)
         store.close()
-        store = TraceStore.open_parquet(args.parquet)
+        store = open_parquet(args.parquet)
     _, [(pages, spans, errors)] = store.query(
         "SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)"
     )

@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvaudit.backends import open_backend
-from kvaudit.cli import command_parser
-from kvaudit.commands.audit import add_input_arguments, exit_status, require_spans
-from kvaudit.durations import parse_duration
-from kvaudit.report import gather, print_report
-from kvaudit.report_html import write_html
+from kvaudit.commands.arguments import add_input_arguments, command_parser, duration, open_backend, require_spans
+from kvaudit.commands.audit import exit_status
+from kvaudit.present.report import gather, print_report
+from kvaudit.present.report_html import write_html
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_input_arguments(parser)
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
-    parser.add_argument("--bucket", type=parse_duration, default=60.0, help="hit-rate time bucket (default 60s)")
+    parser.add_argument("--bucket", type=duration, default=60.0, help="hit-rate time bucket (default 60s)")
     parser.add_argument(
         "--sample-rate",
         type=float,

@@ -7,8 +7,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.output import write_rows
+from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.present.rows import write_rows
 from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import parse_faults
 from kvaudit.simulator.model import PRESETS, CostModel, load_model

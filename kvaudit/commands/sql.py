@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvaudit.backends import add_backend_option, open_backend
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.output import FORMATS, warn_read_errors, write_rows
+from kvaudit.commands.arguments import (
+    TRACE_PATHS_HELP,
+    UsageError,
+    add_backend_option,
+    command_parser,
+    open_backend,
+    warn_backend_read_errors,
+)
+from kvaudit.present.rows import FORMATS, write_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "paths",
         nargs="*",
         metavar="PATH",
-        help="trace files, directories, globs, one .duckdb from `kvaudit ingest`, or a Parquet directory",
+        help=TRACE_PATHS_HELP,
     )
     parser.add_argument("-f", "--file", help="read the query from this .sql file")
     parser.add_argument("--format", choices=FORMATS, default="table")
@@ -40,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise UsageError("give a query after the paths, or -f FILE")
     with open_backend(args.backend, paths) as backend:
-        warn_read_errors(backend.query("SELECT file, line, reason FROM read_errors ORDER BY file, line")[1])
+        warn_backend_read_errors(backend)
         columns, rows = backend.query(query)
     write_rows(columns, rows, args.format)
     return 0

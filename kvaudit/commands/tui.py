@@ -9,12 +9,20 @@ from pathlib import Path
 
 import msgspec
 
-from kvaudit.cli import UsageError, command_parser
-from kvaudit.collector import CollectorServer, TraceSink, parse_address
-from kvaudit.store import TraceStore, open_store
+from kvaudit.commands.arguments import (
+    TRACE_PATHS_HELP,
+    UsageError,
+    add_backend_option,
+    add_skew_option,
+    command_parser,
+    duration,
+    open_backend,
+)
+from kvaudit.receive.otlp_http import CollectorServer, parse_address
+from kvaudit.receive.trace_sink import TraceSink
 from kvaudit.tui.alerting import rule_alerting
-from kvaudit.tui.findings import installed_auditor
-from kvaudit.tui.source import NO_ALERTING, NO_RULES, LiveSource, snapshot
+from kvaudit.tui.findings import auditor
+from kvaudit.tui.source import NO_RULES, LiveSource, snapshot
 from kvaudit.tui.window import DEFAULT_WINDOW, WINDOWS, window_named
 
 DEFAULT_COLLECT = "127.0.0.1:4318"
@@ -29,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  |  kvaudit tui traces/ --snapshot",
     )
     parser.add_argument(
-        "paths", nargs="*", metavar="PATH", help="trace files, directories or globs (read as they grow)"
+        "paths", nargs="*", metavar="PATH", help=f"{TRACE_PATHS_HELP} (trace files are read as they grow)"
     )
+    add_backend_option(parser)
     parser.add_argument(
         "--collect",
         nargs="?",
@@ -42,16 +51,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--window", choices=[w.name for w in WINDOWS], default=DEFAULT_WINDOW.name, help="initial time window"
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads of the traces")
-    parser.add_argument("--skew", type=float, default=1.0, help="clock skew allowed between replicas, in seconds")
+    parser.add_argument("--interval", type=duration, default=1.0, help="time between reads of the traces (default 1s)")
+    add_skew_option(parser)
     parser.add_argument("--rules", metavar="FILE", help="alert rule file whose pending and firing alerts to show")
     parser.add_argument("--snapshot", action="store_true", help="print the figures once as JSON and exit")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.paths) == bool(args.collect):
-        raise UsageError("give trace PATHs or --collect [ADDR], one of the two")
+    if sum(map(bool, (args.paths, args.collect, args.backend))) != 1:
+        raise UsageError("give trace PATHs, --collect [ADDR] or --backend URL, one of the three")
     window = window_named(args.window)
     if args.rules and not Path(args.rules).is_file():
         raise FileNotFoundError(f"{args.rules}: no such rule file")
@@ -61,13 +70,15 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(server.stop)
             paths, watching = [args.out], f"receiving on {server.url}/v1/traces → {args.out}"
         else:
-            paths, watching = args.paths, " ".join(args.paths)
-        alerting = rule_alerting(args.rules) if args.rules else None
+            paths, watching = args.paths, " ".join(args.paths) or args.backend
+        # A live view reads in the app's worker thread, one decoding thread beside the screen's,
+        # and the app shows before a long first read ends; a snapshot reads whole, at once.
+        backend = open_backend(args.backend, paths, live=not args.snapshot, workers=1)
         source = LiveSource(
-            _store(paths, one_shot=args.snapshot),
-            auditor=installed_auditor(args.skew),
-            alerting=alerting,
-            alerts_note=NO_ALERTING if args.rules else NO_RULES,
+            backend,
+            auditor=auditor(args.skew),
+            alerting=rule_alerting(args.rules, skew_s=args.skew) if args.rules else None,
+            alerts_note=NO_RULES,
             skew_s=args.skew,
         )
         stack.callback(source.close)
@@ -79,12 +90,3 @@ def run(args: argparse.Namespace) -> int:
 
         KvauditApp(source, watching=watching, window=window, interval_s=args.interval).run()
     return 0
-
-
-def _store(paths: list[str], *, one_shot: bool) -> TraceStore:
-    if one_shot or any(path.endswith(".duckdb") for path in paths):
-        return open_store(paths)  # read whole now (in parallel), or a database written by `kvaudit ingest`
-    # A live store reads in the app's worker thread, in this process: forking decoders from
-    # a process with threads can deadlock them, and the app must show before a long first read ends.
-    # Its rows go into DuckDB's tables: each refresh queries a recent window of them again.
-    return TraceStore(paths, ":memory:", workers=1)

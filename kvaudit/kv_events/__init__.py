@@ -6,4 +6,6 @@ vLLM publishes `BlockStored`, `BlockRemoved` and `AllBlocksCleared` over ZMQ (it
 vLLM (`wire`), detects sequence gaps (`sequence`), fills them from the publisher's
 replay buffer (`replay`) and writes the events as `kvaudit.store` / `kvaudit.evict`
 spans with `tier=gpu` pages keyed by block hash (`translate`).
+
+May import: the contract and `kvaudit.emit`; pyzmq and msgspec (never vLLM).
 """

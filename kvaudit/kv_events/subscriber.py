@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from kvaudit.emission import Emitter
+from kvaudit.emit.emitter import Emitter
 from kvaudit.kv_events.replay import ReplayClient
 from kvaudit.kv_events.sequence import Gap, SequenceTracker
 from kvaudit.kv_events.translate import StreamTranslator
@@ -103,8 +104,11 @@ class KVEventSubscriber:
         self._context = context or zmq.Context.instance()
         self._poller = zmq.Poller()
         self._streams: dict[zmq.Socket, _Stream] = {}
+        self._monitors: list[zmq.Socket] = []
         for source in sources:
             socket = self._context.socket(zmq.SUB)
+            # Created before connecting, so that no handshake goes unseen (see `wait_connected`).
+            self._monitors.append(socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED))
             socket.setsockopt(zmq.RCVHWM, receive_hwm)
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
@@ -132,14 +136,33 @@ class KVEventSubscriber:
                 handled += 1
         return handled
 
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait until every source's socket has completed a handshake with its publisher.
+
+        ZMQ drops what a publisher sends before a subscriber has connected (its "slow
+        joiner"): a caller that needs every batch from some point on waits here first.
+
+        Returns:
+            False when a source did not connect within `timeout_s`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self._monitors:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not self._monitors[0].poll(remaining_ms):
+                return False
+            recv_monitor_message(self._monitors[0])
+            self._monitors.pop(0).close()
+        return True
+
     def run(self, stop: threading.Event) -> None:
         """Poll until `stop` is set."""
         while not stop.is_set():
             self.poll()
 
     def close(self) -> None:
-        for socket in self._streams:
+        for socket in [*self._monitors, *self._streams]:
             socket.close()
+        self._monitors.clear()
         self._streams.clear()
 
     def _receive(self, stream: _Stream, frames: list[bytes]) -> None:

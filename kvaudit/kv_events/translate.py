@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from kvaudit.contract import EvictReason, Hook, Op, PageDescriptor, SpanAttr, Tier
-from kvaudit.emission import Emitter, Operation
+from kvaudit.emit.emitter import Emitter, Operation
 from kvaudit.kv_events.wire import (
     BlockRemoved,
     BlockStored,

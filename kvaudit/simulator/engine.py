@@ -23,13 +23,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from kvaudit.contract import EvictReason, Hook, KVConfig, Op, Outcome, PageDescriptor, SpanAttr, Tier
-from kvaudit.emission import Emitter, Operation, replica_resource, setup_emitter
+from kvaudit.emit.emitter import Emitter, Operation, replica_resource, setup_emitter
+from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.simulator.faults import Faults, GroundTruth, Injector, write_ground_truth
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, ModelGeometry
 from kvaudit.simulator.pool import Entry, LRUTier
 from kvaudit.simulator.router import make_router
 from kvaudit.simulator.workload import Session, new_session, next_prompt
-from kvaudit.span_batcher import SpanBatcher
 
 GIB: Final = 1 << 30
 NS: Final = 1_000_000_000
@@ -344,21 +344,13 @@ class Simulation:
 
     def _page(self, kv: KVConfig, key: str, index: int) -> PageDescriptor:
         tokens = self.config.page_tokens
-        return PageDescriptor(
+        return PageDescriptor.from_config(
+            kv,
             key=key,
-            hash_algo=kv.hash_algo,
             token_start=index * tokens,
             token_end=(index + 1) * tokens,
-            model=kv.model,
-            dtype=kv.dtype,
             shape=self.config.model.page_shape(kv.layout or LAYOUT_SPLIT, tokens),
-            layout=kv.layout,
             bytes=self._page_bytes,
-            world_size=kv.world_size,
-            rank=kv.rank,
-            layers=kv.layers,
-            kv_heads=kv.kv_heads,
-            head_size=kv.head_size,
             tier=TIER_POOL,
         )
 

@@ -20,12 +20,11 @@ from typing import Final
 
 import msgspec
 
-from kvaudit.contract import REQUIRED_ON_FETCH, KVConfig, PageDescriptor
+from kvaudit.contract import KVConfig, PageDescriptor, Transfer
+from kvaudit.guard import violations
 
 RAW_PTR: Final = "raw-ptr"
 ROLLING_UPGRADE: Final = "rolling-upgrade"
-# What a consumer can check a page against: its own configuration.
-_CHECKED: Final = ("model", "dtype", "layout", "world_size", "rank", "hash_algo")
 
 
 @dataclass(frozen=True)
@@ -93,19 +92,17 @@ class Injector:
                 token_start=stored.token_start,
                 token_end=stored.token_end,
                 bytes=stored.bytes,
-                transfer="raw_ptr",
+                transfer=Transfer.RAW_PTR,
                 address=0x7F00_0000_0000 + self._rng.randrange(1 << 32) * 4096,
                 tier=tier,
             )
             return bare, RAW_PTR
-        served = msgspec.structs.replace(stored, transfer="copy", tier=tier)
+        served = msgspec.structs.replace(stored, transfer=Transfer.COPY, tier=tier)
         return served, ROLLING_UPGRADE if stored.layout != consumer.layout else None
 
     def accepts(self, page: PageDescriptor, consumer: KVConfig) -> bool:
-        """The guard: every required field present and equal to the consumer's own configuration."""
-        if page.missing(REQUIRED_ON_FETCH - {"used"}):
-            return False
-        return all(getattr(page, name) == getattr(consumer, name) for name in _CHECKED)
+        """The guard's verdict (`kvaudit.guard`), the same as the hooks'."""
+        return not violations(page, PageDescriptor.from_config(consumer))
 
 
 def write_ground_truth(path: Path, records: list[GroundTruth]) -> None:

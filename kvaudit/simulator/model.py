@@ -1,6 +1,6 @@
 """Model geometry (page bytes and shapes per KV layout) and the cost model of one replica.
 
-The cost model is deliberately first-order (DESIGN.md section 5): prefill costs
+The cost model is deliberately first-order (docs/design.md section 5): prefill costs
 2 × parameters FLOPs per token at an effective GPU rate, and moving a page costs its
 bytes over a host-to-GPU bandwidth. That is enough to say when loading beats
 recomputing, and every number a run reports can be checked by hand from it.
@@ -17,7 +17,7 @@ import msgspec
 
 from kvaudit.contract import KVConfig, bytes_per_element
 
-# The two KV layouts of the rolling upgrade (DESIGN.md section 1), per page of one
+# The two KV layouts of the rolling upgrade (docs/design.md section 1), per page of one
 # block over all layers: [layers, 2, block, heads, head_size] and the packed
 # [layers, heads, block, 2 * head_size]. Same bytes, different meaning.
 LAYOUT_SPLIT: Final = "NB_2_BS_NH_HS"

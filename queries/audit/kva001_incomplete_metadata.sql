@@ -1,13 +1,14 @@
 -- KVA001 incomplete-metadata: a fetched page lacks a field the contract requires on a fetch.
 --
 -- What it catches: descriptors of fetched pages without key, hash_algo, token range,
---   model, dtype, shape, layout, bytes, world_size, rank or used (DESIGN.md section 3).
+--   model, dtype, shape, layout, bytes, world_size, rank or used (docs/design.md section 3).
 -- Why it matters: a hook records what the fetched object actually carried; a missing
 --   field means the object could not prove it fits the consumer (LMCache does not keep
 --   the KV layout with a chunk), so a mismatch there would go unseen. Rules KVA004 and
 --   KVA005 compare only fields present on both sides: absence is this rule's alone.
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON array of the missing names.
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is a JSON array of the missing names.
 WITH checked AS (
     SELECT *,
            concat_ws(', ',
@@ -27,15 +28,8 @@ WITH checked AS (
 )
 SELECT 'KVA001' AS code,
        'incomplete-metadata' AS rule,
-       severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        '["' || replace(missing, ', ', '","') || '"]' AS fields,
        'fetched page lacks ' || missing AS message,
-       producer,
-       file,
-       line
+       *
 FROM checked
 WHERE missing <> '';

@@ -9,15 +9,12 @@
 -- Why it matters: an address means nothing outside the process that took it; reading
 --   through it in another process reads whatever lives there now.
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is a JSON object field ->
 --   {"fetched": ..., "stored": ..., "consumer": ...}.
 SELECT 'KVA002' AS code,
        'process-local-reference' AS rule,
        CASE WHEN producer IS NULL THEN 'info' ELSE severity END AS severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        json_object(
            'address', json_object('fetched', address),
            'transfer', json_object('fetched', transfer),
@@ -30,9 +27,7 @@ SELECT 'KVA002' AS code,
             THEN 'fetched page refers to an address local to another process of replica ' || producer
             ELSE 'fetched page refers to an address local to replica ' || producer
        END AS message,
-       producer,
-       file,
-       line
+       * EXCLUDE (severity)
 FROM audit_fetches
 WHERE (address IS NOT NULL OR transfer = 'raw_ptr')
   AND (producer_resource_id IS NULL OR producer_resource_id <> resource_id);

@@ -7,7 +7,8 @@
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules) and dtype_sizes (dtype, bytes),
 --   which `kvaudit audit` creates from kvaudit.contract.DTYPE_BYTES; a dtype missing
 --   from it cannot be checked.
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is a JSON object field ->
 --   {"fetched": ..., "expected": ...}.
 WITH sized AS (
     -- The product per page, not once per distinct shape: joining every page to a table of
@@ -19,18 +20,11 @@ WITH sized AS (
 )
 SELECT 'KVA003' AS code,
        'size-mismatch' AS rule,
-       severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        json_object(
            'bytes', json_object('fetched', bytes, 'expected', expected_bytes),
            'shape', json_object('fetched', shape),
            'dtype', json_object('fetched', dtype)) AS fields,
        'fetched page has ' || bytes || ' bytes, its shape and dtype make ' || expected_bytes AS message,
-       producer,
-       file,
-       line
+       *
 FROM sized
 WHERE bytes <> expected_bytes;

@@ -8,7 +8,8 @@
 --   served something other than what was put there (a failed store left visible,
 --   LMCache #4991; a payload rewritten under the key; a hook describing it wrongly).
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is a JSON object field ->
 --   {"fetched": ..., "stored": ...}, null for the fields that agree.
 WITH compared AS (
     -- `<>` is NULL when either side is absent: such a field is not a difference here.
@@ -28,11 +29,6 @@ WITH compared AS (
 )
 SELECT 'KVA004' AS code,
        'store-fetch-mismatch' AS rule,
-       severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        json_object(
            'model', CASE WHEN d_model THEN json_object('fetched', model, 'stored', s_model) END,
            'dtype', CASE WHEN d_dtype THEN json_object('fetched', dtype, 'stored', s_dtype) END,
@@ -52,9 +48,7 @@ SELECT 'KVA004' AS code,
                   CASE WHEN d_bytes THEN 'bytes' END, CASE WHEN d_token_start THEN 'token_start' END,
                   CASE WHEN d_token_end THEN 'token_end' END, CASE WHEN d_world_size THEN 'world_size' END,
                   CASE WHEN d_rank THEN 'rank' END, CASE WHEN d_checksum THEN 'checksum' END) AS message,
-       producer,
-       file,
-       line
+       *
 FROM compared
 WHERE d_model OR d_dtype OR d_shape OR d_layout OR d_bytes OR d_token_start OR d_token_end
    OR d_world_size OR d_rank OR d_checksum;

@@ -6,12 +6,13 @@
 --   producer's stored descriptor, differing from the consumer process's resource
 --   (the `replicas` row of the process that fetched). Only fields present on both
 --   sides of a comparison count; an absent field is KVA001's.
--- Why it matters: this is the rolling-upgrade failure of DESIGN.md section 1: the
+-- Why it matters: this is the rolling-upgrade failure of docs/design.md section 1: the
 --   bytes count matches, the key matches, and the consumer reads a page laid out for
 --   another engine (LMCache #4463, #4247). Comparing the producer's descriptor too
 --   catches it when the fetched object did not carry its layout.
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object field ->
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is a JSON object field ->
 --   {"fetched": ..., "stored": ..., "consumer": ...}, null for the fields that fit.
 WITH compared AS (
     SELECT *,
@@ -29,11 +30,6 @@ WITH compared AS (
 )
 SELECT 'KVA005' AS code,
        'incompatible-consumer' AS rule,
-       severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        json_object(
            'model', CASE WHEN d_model THEN json_object('fetched', model, 'stored', s_model, 'consumer', c_model) END,
            'dtype', CASE WHEN d_dtype THEN json_object('fetched', dtype, 'stored', s_dtype, 'consumer', c_dtype) END,
@@ -61,9 +57,7 @@ SELECT 'KVA005' AS code,
                   CASE WHEN d_rank THEN 'rank' END, CASE WHEN d_hash_algo THEN 'hash_algo' END,
                   CASE WHEN d_layers THEN 'layers' END, CASE WHEN d_kv_heads THEN 'kv_heads' END,
                   CASE WHEN d_head_size THEN 'head_size' END) AS message,
-       producer,
-       file,
-       line
+       *
 FROM compared
 WHERE d_model OR d_dtype OR d_layout OR d_world_size OR d_rank OR d_hash_algo
    OR d_layers OR d_kv_heads OR d_head_size;

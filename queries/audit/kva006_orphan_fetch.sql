@@ -6,18 +6,13 @@
 --   pool served a key nobody put there. Either way the fetched page's producer, and so
 --   rules KVA002, KVA004 and the stored side of KVA005, could not be checked.
 -- Reads: audit_fetches (queries/audit/lineage.sql, which the auditor puts before the rules).
--- Columns: the columns of kvaudit.audit.Finding; fields is an empty JSON object.
+-- Columns: code, rule, fields, message and the columns of audit_fetches (the auditor keeps those
+--   of kvaudit.analyse.audit.Finding); fields is an empty JSON object.
 SELECT 'KVA006' AS code,
        'orphan-fetch' AS rule,
        'info' AS severity,
-       replica,
-       key,
-       trace_id,
-       span_id,
        '{}' AS fields,
        'fetched key was never stored in these traces' AS message,
-       producer,
-       file,
-       line
+       * EXCLUDE (severity)
 FROM audit_fetches
 WHERE key IS NOT NULL AND NOT key_stored;

@@ -2,7 +2,7 @@
 --
 -- Question: how busy is each replica, how much of what it asked the pool for did it get,
 --           and how fast did the pool deliver it?
--- Parameters: $since_ns (window start, Unix ns; 0 for everything).
+-- Parameters: kvaudit_since_ns (window start, Unix ns; 0 for everything).
 -- Columns: replica, requests (distinct request ids with a kvaudit operation),
 --          tokens_requested, tokens_hit (over fetch spans), hit_rate (tokens hit /
 --          tokens requested, NULL without fetches), fetch_bytes, fetch_seconds (summed
@@ -20,7 +20,7 @@ WITH per_replica AS (
     FROM (
         SELECT replica, op, request_id, tokens_requested, tokens_hit, bytes, end_ns - start_ns AS duration_ns
         FROM spans
-        WHERE op IS NOT NULL AND end_ns >= $since_ns
+        WHERE op IS NOT NULL AND end_ns >= getvariable('kvaudit_since_ns')
     )
     GROUP BY replica
 )

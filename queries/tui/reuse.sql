@@ -1,7 +1,7 @@
 -- tui/reuse: fetched pages by producer and consumer over a time window (the TUI's reuse matrix).
 --
 -- Question: whose pages did each replica fetch, how many did it use, and how many did it reject?
--- Parameters: $since_ns (window start, Unix ns; 0 for everything; the window starts at the
+-- Parameters: kvaudit_since_ns (window start, Unix ns; 0 for everything; the window starts at the
 --             whole second). Reads `tui_reuse_ledger`, kept by `tui/ingest` (stores are
 --             looked up over the whole trace, not only the window: a page fetched now may
 --             have been stored long before).
@@ -17,7 +17,7 @@ SELECT producer,
        sum(used_tokens)::BIGINT AS used_tokens,
        sum(used_bytes)::BIGINT AS used_bytes
 FROM tui_reuse_ledger
-WHERE second >= $since_ns // 1_000_000_000
+WHERE second >= getvariable('kvaudit_since_ns') // 1_000_000_000
 GROUP BY ALL
 HAVING sum(pages) > 0
 ORDER BY producer NULLS LAST, consumer;

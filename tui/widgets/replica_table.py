@@ -27,15 +27,11 @@ class ReplicaTable(SortableTable[ReplicaFigures]):
             lambda r: r.cross_replica_hit_tokens,
             descending=True,
         ),
-        Column(
-            "fetch GB/s", lambda r: cells.number(r.fetch_gbps, "GB/s"), lambda r: _none_last(r.fetch_gbps), True
-        ),
+        Column("fetch GB/s", lambda r: cells.number(r.fetch_gbps, "GB/s"), lambda r: _none_last(r.fetch_gbps), True),
         Column(
             "p99 fetch", lambda r: cells.number(r.p99_fetch_ms, "ms", 1), lambda r: _none_last(r.p99_fetch_ms), True
         ),
-        Column(
-            "rejected", lambda r: cells.alarm(r.rejected_pages, style="yellow"), lambda r: r.rejected_pages, True
-        ),
+        Column("rejected", lambda r: cells.alarm(r.rejected_pages, style="yellow"), lambda r: r.rejected_pages, True),
         Column(
             "critical",
             lambda r: cells.alarm(r.critical_findings, style="bold white on red"),

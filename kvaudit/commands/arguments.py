@@ -1,0 +1,110 @@
+"""What the commands share: their parser shape, the input arguments, and the error that means bad input.
+
+The commands import this module and `kvaudit.cli` imports the commands, never the
+other way round: `UsageError` is the same class however the CLI was started.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvaudit.durations import parse_duration
+
+if TYPE_CHECKING:
+    from kvaudit.backends import Backend
+
+TRACE_PATHS_HELP = "trace files, directories, globs, one .duckdb from `kvaudit ingest`, or a Parquet directory"
+
+
+class UsageError(ValueError):
+    """Bad input from the user: reported as one line, exit status 2."""
+
+
+def command_parser(
+    subparsers: argparse._SubParsersAction, name: str, summary: str, example: str
+) -> argparse.ArgumentParser:
+    """A subcommand's parser with its one-line summary and an example in its help."""
+    return subparsers.add_parser(
+        name,
+        help=summary,
+        description=summary,
+        epilog=f"Example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def duration(text: str) -> float:
+    """An argparse type: a duration in Prometheus' syntax (`kvaudit.durations`), in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, *, paths_help: str = TRACE_PATHS_HELP) -> None:
+    """The trace paths or `--backend`, and the clock skew: what every command over the views reads."""
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=paths_help)
+    add_backend_option(parser)
+    add_skew_option(parser)
+
+
+def add_skew_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skew", type=duration, default=1.0, help="clock skew allowed between replicas (default 1s)")
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """Add `--backend URL` to a query command's parser."""
+    parser.add_argument(
+        "--backend",
+        metavar="URL",
+        help="query ClickHouse behind the OpenTelemetry Collector (clickhouse://HOST:PORT/DB[?table=otel_traces],"
+        " or chdb:///DIR for the engine in-process) instead of DuckDB over the PATHs",
+    )
+
+
+def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, workers: int | None = None) -> Backend:
+    """The backend a command asked for: ClickHouse at `url`, or DuckDB over `paths`.
+
+    Args:
+        live: trace files are read as they grow (`Backend.refresh`, nothing read yet) into
+            DuckDB's own tables, which keep each row group's min and max for the windowed
+            queries a live view repeats; otherwise they are read whole now, held as Arrow.
+        workers: decoding threads (default: one per CPU).
+
+    Raises:
+        UsageError: both or neither of `url` and `paths`.
+        ValueError: a URL that is not ClickHouse's.
+        FileNotFoundError: a path matches nothing.
+        BackendError: the ClickHouse server cannot be reached.
+    """
+    if url is None:
+        if not paths:
+            raise UsageError("give trace paths, or --backend URL")
+        from kvaudit.backends.duckdb_backend import DuckDBBackend
+        from kvaudit.read.open import is_trace_files, open_store
+        from kvaudit.read.store import TraceStore
+
+        if live and is_trace_files(paths):
+            return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
+        return DuckDBBackend(open_store(paths))
+    if paths:
+        raise UsageError("give either trace paths or --backend URL, not both")
+    from kvaudit.backends.clickhouse import connect  # its clients load only when asked for
+
+    return connect(url)
+
+
+def warn_backend_read_errors(backend: Backend) -> None:
+    """Name the backend's unreadable lines on stderr (see `kvaudit.present.rows.warn_read_errors`)."""
+    from kvaudit.present.rows import warn_read_errors
+
+    warn_read_errors(backend.query("SELECT file, line, reason FROM read_errors ORDER BY file, line")[1])
+
+
+def require_spans(backend: Backend) -> None:
+    """Raise UsageError when the input holds no spans at all: nothing to analyse is unusable input."""
+    _, [(spans, errors)] = backend.query("SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM read_errors)")
+    if not spans:
+        raise UsageError(f"no spans to audit ({errors} unreadable lines)")

@@ -1,0 +1,223 @@
+"""msgspec's decode of OTLP JSON lines into rows of the `kv_*` tables (see `columns`).
+
+The page scanner (`page_scan`) reads most page events faster; every line gets this
+decode for its spans and resources, and a line the scanner gives up on gets it whole,
+which also words its error.
+"""
+
+from __future__ import annotations
+
+import base64
+import decimal
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+
+from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, Kind
+from kvaudit.otlp.schema import DECODER, AnyValue, KeyValue, Span, TracesData
+from kvaudit.read.columns import PAGE_HEAD, SPANS_SCHEMA
+
+
+@dataclass
+class RangeRows:
+    """What one byte range of one file shares across its lines: errors, and resource rows
+    (a cache: a resource is in the range's table only if a line that uses it is read)."""
+
+    file: str
+    resources: dict[int, list[Any]] = field(default_factory=dict)
+    errors: list[tuple[str, int, str]] = field(default_factory=list)
+
+
+# Which AnyValue field holds each kind; integers stay as decoded (str or int) and are
+# cast to int64 by Arrow, column by column, which is far cheaper than int() per value.
+_FIELD_OF_KIND: Final = {Kind.STR: "stringValue", Kind.INT: "intValue", Kind.BOOL: "boolValue", Kind.INTS: "arrayValue"}
+
+
+def _slots(columns: dict[str, tuple[str, str]]) -> dict[str, tuple[int, str]]:
+    return {attr: (i, _FIELD_OF_KIND[kind]) for i, (attr, kind) in enumerate(columns.values())}
+
+
+def _fill(
+    attributes: list[KeyValue],
+    slots: dict[str, tuple[int, str]],
+    width: int,
+    extra: dict[str, str] | None = None,
+) -> list[Any]:
+    row: list[Any] = [None] * width
+    for kv in attributes:
+        slot = slots.get(kv.key)
+        if slot is not None:
+            row[slot[0]] = getattr(kv.value, slot[1])
+        elif extra is not None:
+            extra[kv.key] = attribute_text(kv.value)
+    return row
+
+
+def attribute_text(value: AnyValue) -> str:
+    """An attribute value as text, the way the OpenTelemetry Collector renders it (pdata's
+    `AsString`, which its ClickHouse exporter stores): integers in decimal, booleans as
+    `true`/`false`, arrays and maps as JSON, so both backends see the same text."""
+    if value.stringValue is not None:
+        return value.stringValue
+    if value.boolValue is not None:
+        return "true" if value.boolValue else "false"
+    if value.intValue is not None:
+        return str(int(value.intValue))
+    if value.doubleValue is not None:
+        return _double_text(float(value.doubleValue))
+    if value.bytesValue is not None:
+        return value.bytesValue
+    if value.arrayValue is not None or value.kvlistValue is not None:
+        return msgspec.json.encode(_raw(value)).decode()
+    return ""
+
+
+def _double_text(value: float) -> str:
+    # Go's FormatFloat(v, 'f', -1, 64): shortest digits, never an exponent.
+    if value != value or value in (float("inf"), float("-inf")):
+        return {"inf": "+Inf", "-inf": "-Inf"}.get(str(value), "NaN")
+    text = format(decimal.Decimal(repr(value)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _raw(value: AnyValue) -> Any:
+    if value.arrayValue is not None:
+        return [_raw(item) for item in value.arrayValue.values]
+    if value.kvlistValue is not None:
+        return {kv.key: _raw(kv.value) for kv in value.kvlistValue.values}
+    if value.intValue is not None:
+        return int(value.intValue)
+    for item in (value.stringValue, value.boolValue, value.doubleValue, value.bytesValue):
+        if item is not None:
+            return item
+    return None
+
+
+def hex_id(value: str, size: int) -> str:
+    """Ids as hex whether the writer used hex (OTLP JSON) or base64 (protobuf JSON)."""
+    if len(value) == 2 * size or not value:
+        return value.lower()
+    return base64.b64decode(value).hex()
+
+
+def _resource_id(attributes: list[KeyValue]) -> int:
+    # Computed from the attributes' text so that ClickHouse, which keeps only that text
+    # (kvaudit.backends.clickhouse_views), derives the same id for the same process.
+    text = "\n".join(sorted(f"{kv.key}={attribute_text(kv.value)}" for kv in attributes))
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "little", signed=True)
+
+
+_SPAN_SLOTS: Final = _slots(SPAN_COLUMNS)
+_PAGE_SLOTS: Final = _slots(PAGE_COLUMNS)
+_RESOURCE_SLOTS: Final = _slots(RESOURCE_COLUMNS)
+# Where each page column that comes from its span lies in a span row.
+PAGE_COLUMNS_FROM_SPAN: Final = [SPANS_SCHEMA.get_field_index(name) for name, _ in PAGE_HEAD[:-1]]
+_N_PAGE: Final = len(PAGE_COLUMNS)
+_SCHEMA_SLOT: Final = list(RESOURCE_COLUMNS).index("schema")
+_REPLICA_SLOT: Final = list(RESOURCE_COLUMNS).index("replica")
+
+
+class UnreadableLineError(ValueError):
+    """A line that is not OTLP JSON trace data kvaudit can read."""
+
+
+@dataclass
+class DecodedLine:
+    """One decoded line: its span rows, and its page rows when msgspec decoded its events
+    too; otherwise `scanned` is its number among the lines the page scanner read."""
+
+    number: int
+    spans: list[list[Any]] = field(default_factory=list)
+    pages: list[list[Any]] | None = None
+    resources: dict[int, list[Any]] = field(default_factory=dict)
+    scanned: int | None = None
+
+
+def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesData:
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise UnreadableLineError(f"not OTLP trace data: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise UnreadableLineError(f"invalid JSON: {exc}") from None
+
+
+def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[tuple[list[Any], Span]]:
+    """Each span of a decoded line as its row of the `spans` table, in document order;
+    the line's resources go to `line.resources`."""
+    n_resource = len(RESOURCE_COLUMNS)
+    n_span = len(SPAN_COLUMNS)
+    file = columns.file
+    for resource_spans in data.resourceSpans:
+        res_attrs = resource_spans.resource.attributes if resource_spans.resource else []
+        rid = _resource_id(res_attrs)
+        resource = columns.resources.get(rid)
+        if resource is None:
+            resource = _fill(res_attrs, _RESOURCE_SLOTS, n_resource)
+            schema = resource[_SCHEMA_SLOT]
+            if schema is not None and str(schema) != str(SCHEMA_VERSION):
+                raise UnreadableLineError(
+                    f"unknown kvaudit schema version {schema} (this kvaudit reads {SCHEMA_VERSION})"
+                )
+            columns.resources[rid] = resource
+        line.resources[rid] = resource
+        replica = resource[_REPLICA_SLOT]
+        for scope_spans in resource_spans.scopeSpans:
+            for span in scope_spans.spans:
+                extra: dict[str, str] = {}
+                attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, extra)
+                row = [
+                    file,
+                    line.number,
+                    rid,
+                    replica,
+                    hex_id(span.traceId, 16),
+                    hex_id(span.spanId, 8),
+                    hex_id(span.parentSpanId, 8) or None,
+                    span.name,
+                    int(span.startTimeUnixNano),
+                    int(span.endTimeUnixNano),
+                    int(span.status.code) if span.status is not None else 0,
+                    span.droppedAttributesCount,
+                    span.droppedEventsCount,
+                    *attrs,
+                    list(extra.items()) if extra else None,
+                ]
+                yield row, span
+
+
+def read_line(
+    columns: RangeRows, line: DecodedLine, raw: bytes | memoryview, decoder: msgspec.json.Decoder, cut: bool
+) -> str | None:
+    """Decode a line into `line.spans`, and `line.pages` when `decoder` decodes events too.
+
+    Returns:
+        None, or why the line is unreadable (truncated when `cut`: it is the
+        unterminated end of a file); then it leaves `line` empty.
+    """
+    line.spans, line.pages, line.resources = [], None, {}
+    reason = None
+    try:
+        data = _decode(decoder, raw)
+        spans: list[list[Any]] = []
+        pages: list[list[Any]] = []
+        for span_row, span in _spans(columns, line, data):
+            spans.append(span_row)
+            if decoder is DECODER:
+                head = [span_row[i] for i in PAGE_COLUMNS_FROM_SPAN]
+                for event in span.events:
+                    if event.name == EVENT_PAGE:
+                        pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, _N_PAGE)])
+    except UnreadableLineError as exc:
+        reason = "truncated last line (writer stopped mid-line?)" if cut else str(exc)
+    except (ValueError, TypeError, AttributeError) as exc:
+        reason = f"bad value: {exc}"
+    if reason is not None:
+        line.resources = {}
+        return reason
+    line.spans = spans
+    line.pages = pages if decoder is DECODER else None
+    return None

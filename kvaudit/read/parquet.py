@@ -1,0 +1,107 @@
+"""Trace tables as hive-partitioned Parquet: written by `kvaudit ingest --parquet`, read in place.
+
+At fleet scale the decoded tables outgrow one DuckDB file. Parquet partitioned by day
+and replica (`pages/day=2026-12-02/replica=r1/part_<uuid>.parquet`) lets DuckDB skip
+every file a filter on `day` or `replica` rules out, and rows sorted by replica, key
+and time within each file let it skip row groups by their statistics. The directory
+may be local or in object storage (s3://, gs://, https:// through DuckDB's httpfs).
+
+Layout of a dataset root:
+- `pages/` and `spans/`: partitioned by `day` (UTC date of the page or span start) and `replica`;
+- `resources/` and `read_errors/`: a file per ingest (few rows).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import duckdb
+
+from kvaudit.read.columns import DUCKDB_TYPE, TABLES
+
+if TYPE_CHECKING:
+    from kvaudit.read.store import TraceStore
+
+_NULL_PARTITION: Final = "__HIVE_DEFAULT_PARTITION__"  # how hive partitioning writes NULL
+MARKER: Final = "kvaudit-parquet"  # an empty file naming a local directory as a dataset
+# Table -> (its time column for partitioning by day or None, its sort order).
+LAYOUT: Final[dict[str, tuple[str | None, str]]] = {
+    "kv_pages": ("time_ns", "replica, key, time_ns"),
+    "kv_spans": ("start_ns", "replica, start_ns, trace_id"),
+    "kv_resources": (None, "resource_id"),
+    "kv_read_errors": (None, "file, line"),
+}
+
+
+def is_dataset(path: str) -> bool:
+    """Whether `path` names a Parquet dataset: a local directory with the marker, or a remote URL."""
+    if "://" in path:
+        return True
+    return (Path(path) / MARKER).is_file()
+
+
+def _folder(root: str, table: str) -> str:
+    return f"{root.rstrip('/')}/{table.removeprefix('kv_')}"
+
+
+def write(store: TraceStore, root: str) -> dict[str, int]:
+    """Append the store's tables to the dataset at `root` (a local directory, created if absent).
+
+    Returns:
+        The rows written, by table.
+    """
+    Path(root).mkdir(parents=True, exist_ok=True)
+    (Path(root) / MARKER).touch()
+    written = {}
+    for table, (time_column, order) in LAYOUT.items():
+        folder = _folder(root, table)
+        rows = f"SELECT * FROM {table} ORDER BY {order}"
+        if time_column is None:
+            Path(folder).mkdir(exist_ok=True)
+            target, options = f"{folder}/part_{uuid.uuid4()}.parquet", "FORMAT parquet"
+        else:
+            day = f"strftime(make_timestamp_ns({time_column}), '%Y-%m-%d') AS day"
+            rows = f"SELECT *, {day} FROM {table} ORDER BY {order}"
+            target = folder
+            options = "FORMAT parquet, PARTITION_BY (day, replica), APPEND, FILENAME_PATTERN 'part_{uuid}'"
+        count = store.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
+        if time_column is not None and not count:
+            # A partitioned write of no rows writes no file, and a glob matching none fails:
+            # keep the table's schema in a file of the default (NULL) partitions.
+            default = f"{folder}/day={_NULL_PARTITION}/replica={_NULL_PARTITION}"
+            Path(default).mkdir(parents=True, exist_ok=True)
+            rows = f"SELECT * EXCLUDE (replica) FROM {table}"
+            target, options = f"{default}/part_{uuid.uuid4()}.parquet", "FORMAT parquet"
+        store.con.execute(f"COPY ({rows}) TO '{_escape(target)}' ({options})")
+        written[table] = count
+    return written
+
+
+def sources(root: str, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """For each table, a DuckDB query reading it from the dataset at `root` with the table's columns.
+
+    A column the files lack (a dataset written before the column existed) reads as NULL;
+    files of different ingests are matched by column name.
+    """
+    queries = {}
+    for table, (time_column, _) in LAYOUT.items():
+        schema = TABLES[table]
+        pattern = _escape(
+            f"{_folder(root, table)}/**/*.parquet" if time_column else f"{_folder(root, table)}/*.parquet"
+        )
+        # Partition values are typed here: a replica named `7` stays a string.
+        hive = ", hive_partitioning = true, hive_types = {'day': DATE, 'replica': VARCHAR}" if time_column else ""
+        scan = f"read_parquet('{pattern}', union_by_name = true{hive})"
+        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()}
+        columns = ", ".join(
+            f'"{field.name}"' if field.name in present else f'CAST(NULL AS {DUCKDB_TYPE[field.type]}) AS "{field.name}"'
+            for field in schema
+        )
+        queries[table] = f"SELECT {columns} FROM {scan}"
+    return queries
+
+
+def _escape(text: str) -> str:
+    return text.replace("'", "''")

@@ -1,0 +1,184 @@
+"""DuckDB over kvaudit trace files: the `spans`, `pages`, `replicas` and `read_errors` views.
+
+Trace files are decoded once (see `reader`) into four tables (see `columns`), and
+every query runs against views over them. The same views exist in a database written
+by `kvaudit ingest` and over its Parquet (see `open`), so a query neither knows nor
+cares whether it runs over files or over a materialised export. `refresh()` reads
+only what was appended since the last call. Where the rows are kept is the store's
+one choice: as the reader's Arrow tables (`arrow_tables`, the default: the fastest
+read, for traces read once and queried a few times) or in a DuckDB database
+(`database_tables`: for a store refreshed and queried live, or written to a file).
+
+The columns of each view are in docs/design.md section 3.9 (absent attributes are NULL).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Final, Protocol
+
+import duckdb
+import pyarrow as pa
+
+from kvaudit.read.arrow_tables import ArrowTables
+from kvaudit.read.columns import TABLES, Tables
+from kvaudit.read.database_tables import DatabaseTables
+from kvaudit.read.files import Cursor, expand_paths
+from kvaudit.read.reader import read_files
+
+_VIEWS: Final = {
+    "spans": """
+        SELECT * EXCLUDE (attributes),
+               make_timestamp_ns(start_ns) AS start_time,
+               make_timestamp_ns(end_ns) AS end_time,
+               (end_ns - start_ns) / 1e6 AS duration_ms,
+               attributes
+        FROM kv_spans""",
+    "pages": "SELECT *, make_timestamp_ns(time_ns) AS time FROM kv_pages",
+    "replicas": "SELECT DISTINCT * FROM kv_resources",
+    "read_errors": "SELECT * FROM kv_read_errors",
+}
+
+
+class Rows(Protocol):
+    """Where a store keeps the rows it reads: `ArrowTables` or `DatabaseTables`."""
+
+    def batch(self) -> AbstractContextManager[None]: ...
+
+    def append(self, tables: Mapping[str, pa.Table]) -> None: ...
+
+
+class TraceStore:
+    """Trace files as DuckDB views, read as they grow.
+
+    Args:
+        paths: trace files, directories and globs (see `files.expand_paths`); new files
+            matching them are picked up by `refresh()`.
+        database: a DuckDB database to insert the rows into (a file, or `:memory:` for a
+            live store); None holds them as Arrow (see the module's docstring).
+        workers: decoding threads (default: one per CPU).
+
+    Raises:
+        FileNotFoundError: a path matches nothing.
+        duckdb.Error: the database cannot be opened.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]] = (),
+        database: str | None = None,
+        *,
+        workers: int | None = None,
+    ) -> None:
+        con = duckdb.connect(database or ":memory:")
+        self._connect(con, ArrowTables(TABLES) if database is None else DatabaseTables(con))
+        self.paths = [str(p) for p in paths]
+        self._workers = workers
+        self._cursors: dict[str, Cursor] = {}
+        create_views(self.con)
+        expand_paths(self.paths)  # fail early, with the path, when one names nothing
+
+    @classmethod
+    def over(cls, con: duckdb.DuckDBPyConnection) -> TraceStore:
+        """A store over a connection whose `kv_*` tables and views exist already (see `open`); it reads no files."""
+        store = cls.__new__(cls)
+        store._connect(con, None)
+        store.paths, store._workers, store._cursors = [], None, {}
+        return store
+
+    def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
+        self._con = con
+        self._rows = rows
+        self._registered = -1  # the version of Arrow rows registered on `con`
+
+    @property
+    def follows_files(self) -> bool:
+        """Whether `refresh()` reads trace files (not so over an ingested database or Parquet)."""
+        return bool(self.paths) and self._rows is not None
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection, with the `kv_*` tables as the last refresh left them.
+
+        With Arrow rows, the first use after a refresh ends a result of `execute()` left
+        unread (see `ArrowTables.register`).
+        """
+        if isinstance(self._rows, ArrowTables):
+            self._registered = self._rows.register(self._con, self._registered)
+        return self._con
+
+    def cursor(self) -> TraceStore:
+        """The same store on a DuckDB connection of its own, for use by another thread.
+
+        It sees what this store's refreshes add; it reads nothing itself.
+        """
+        other = TraceStore.over(self._con.cursor())
+        other._rows = self._rows if isinstance(self._rows, ArrowTables) else None
+        return other
+
+    def refresh(self, *, final: bool = True, progress: Callable[[int], None] | None = None) -> Tables:
+        """Read what was appended to the files since the last refresh.
+
+        Args:
+            final: also read an unterminated last line (see `reader.read_files`).
+            progress: called with the bytes of each decoded range.
+
+        Returns:
+            The rows added by this refresh.
+        """
+        if not self.paths or self._rows is None:
+            return Tables.concat([])
+        with self._rows.batch():
+            return read_files(
+                expand_paths(self.paths),
+                self._cursors,
+                final=final,
+                workers=self._workers,
+                progress=progress,
+                sink=self.append,
+            )
+
+    def pending_bytes(self) -> int:
+        """Bytes in the files not read yet (for progress bars)."""
+        total = 0
+        for path in expand_paths(self.paths):
+            cursor = self._cursors.get(path)
+            total += os.path.getsize(path) - (cursor.offset if cursor else 0)
+        return max(total, 0)
+
+    def append(self, tables: Tables) -> None:
+        """Add rows as a refresh reads them (tests and benchmarks add rows made otherwise).
+
+        Raises:
+            ValueError: a store over an ingested database or Parquet keeps no rows of its own.
+        """
+        if self._rows is None:
+            raise ValueError("this store reads an ingested database or Parquet: it takes no rows")
+        self._rows.append(tables.by_name())
+
+    def sql(self, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation | None:
+        """Run a query over the views; returns its relation (None for a statement)."""
+        return self.con.sql(query, params=params)
+
+    def query(self, query: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Column names and rows of a query."""
+        cursor = self.con.execute(query, params or {})
+        if cursor.description is None:
+            return [], []
+        return [d[0] for d in cursor.description], cursor.fetchall()
+
+    def arrow(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """The rows of a query as Arrow (a relation's, not execute()'s: that would copy them once more)."""
+        result = self.con.sql(query, params=params)
+        return result.to_arrow_table() if hasattr(result, "to_arrow_table") else result.arrow()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    """The views `spans`, `pages`, `replicas`, `read_errors` over the `kv_*` tables of `con`."""
+    for name, body in _VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
