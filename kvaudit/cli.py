@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.audit",
     "kvaudit.commands.report",
     "kvaudit.commands.ingest",
+    "kvaudit.commands.clickhouse",
     "kvaudit.commands.collect",
     "kvaudit.commands.demo",
     "kvaudit.commands.simulate",

@@ -1,7 +1,8 @@
 """Every surface on every backend: `alerts eval`, the exporter and `tui --snapshot` on ClickHouse (chdb).
 
 The traces of `test_backends.write_fleet` go to DuckDB as trace files and to chdb as the
-Collector's ClickHouse exporter stores them (a `chdb:///DIR` database); each surface must
+Collector's ClickHouse exporter stores them (a `chdb:///DIR` database, with or without
+the typed tables of `kvaudit clickhouse setup`); each surface must
 give the same answers over both, except what the Collector's table does not keep (the
 file and line of a row, `NOT_IN_CLICKHOUSE`).
 """
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend
 from kvaudit.backends.clickhouse_load import create_table, load_files
+from kvaudit.backends.clickhouse_setup import setup
 from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
 from kvaudit.commands.exporter import serve
@@ -24,15 +26,20 @@ from kvaudit.commands.exporter import serve
 from .test_backends import NOT_IN_CLICKHOUSE, write_fleet
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """The trace directory, and the URL of a chdb database holding the same spans."""
+@pytest.fixture(scope="module", params=["views", "typed"])
+def sources(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The trace directory, and the URL of a chdb database holding the same spans: in the exporter's
+    `otel_traces` only, or also in the typed tables of `kvaudit clickhouse setup`."""
     traces = tmp_path_factory.mktemp("fleet")
     write_fleet(traces)
     database = tmp_path_factory.mktemp("chdb")
     clickhouse = ClickHouseBackend(ChdbConnection(str(database)))
     create_table(clickhouse)
+    if request.param == "typed":
+        list(setup(clickhouse))
     assert load_files(clickhouse, [str(traces)])
+    clickhouse.query("SELECT 1")
+    assert clickhouse.reads_typed_tables is (request.param == "typed")
     clickhouse.close()  # one chdb session at a time: the command opens its own
     yield str(traces), f"chdb://{database}"
 

@@ -1,8 +1,11 @@
 """The same queries give the same answers on DuckDB over trace files and on ClickHouse (chdb).
 
 The traces are written through the real emitter; ClickHouse gets them as the
-Collector's ClickHouse exporter would store them (kvaudit.backends.clickhouse_load).
-Every named query in queries/ is compared, so new ones are covered as they are added.
+Collector's ClickHouse exporter would store them (kvaudit.backends.clickhouse_load),
+and every ClickHouse test runs twice: over the views decoding the exporter's
+`otel_traces`, and over the typed tables `kvaudit clickhouse setup` makes
+(kvaudit.backends.clickhouse_tables). Every named query in queries/ is compared, so new
+ones are covered as they are added.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import msgspec
 import pytest
 
 from kvaudit.analyse.audit import run_audit
+from kvaudit.analyse.audit_partitions import plan, run_audit_by_partition
 from kvaudit.analyse.capacity import capacity_curve
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend, BackendError
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend, connect
 from kvaudit.backends.clickhouse_load import create_table, load_files
+from kvaudit.backends.clickhouse_setup import setup
 from kvaudit.backends.clickhouse_views import view_columns
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.backends.translate import to_clickhouse
@@ -76,16 +81,44 @@ def write_fleet(directory: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DuckDBBackend, ClickHouseBackend]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("fleet")
     write_fleet(directory)
-    duck = DuckDBBackend(open_store([str(directory)]))
-    clickhouse = ClickHouseBackend(ChdbConnection())
-    create_table(clickhouse)
-    assert load_files(clickhouse, [str(directory)]) == duck.query("SELECT count(*) FROM spans")[1][0][0]
-    yield duck, clickhouse
-    duck.close()
-    clickhouse.close()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def duck(fleet: Path) -> Iterator[DuckDBBackend]:
+    backend = DuckDBBackend(open_store([str(fleet)]))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def chdb_database(fleet: Path, duck: DuckDBBackend) -> Iterator[None]:
+    """The fleet in chdb as the Collector's exporter stores it, with the typed tables `kvaudit clickhouse
+    setup` makes filled as the rows arrive. chdb's sessions in one process share its database."""
+    loader = ClickHouseBackend(ChdbConnection())
+    create_table(loader)
+    assert [line.split(": ")[1] for line in setup(loader)] == ["created"] * 6
+    assert load_files(loader, [str(fleet)]) == duck.query("SELECT count(*) FROM spans")[1][0][0]
+    yield
+    loader.close()
+
+
+@pytest.fixture(scope="module", params=["views", "typed"])
+def clickhouse(request: pytest.FixtureRequest, chdb_database: None) -> Iterator[ClickHouseBackend]:
+    """ClickHouse over the exporter's `otel_traces` (views decoding its maps) or over the typed tables."""
+    backend = ClickHouseBackend(ChdbConnection(), typed=request.param == "typed")
+    backend.query("SELECT 1")
+    assert backend.reads_typed_tables is (request.param == "typed")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def backends(duck: DuckDBBackend, clickhouse: ClickHouseBackend) -> tuple[DuckDBBackend, ClickHouseBackend]:
+    return duck, clickhouse
 
 
 def answers(backend: Backend, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[Any]]:
@@ -204,6 +237,14 @@ def test_audit_findings_agree(backends):
     expected = [dataclasses.replace(f, file=None, line=None) for f in run_audit(duck)]
     assert {f.code for f in expected} >= {"KVA001", "KVA002", "KVA003", "KVA004", "KVA005", "KVA006"}
     assert run_audit(clickhouse) == expected
+
+
+def test_audit_by_partition_agrees(backends):
+    duck, clickhouse = backends
+    expected = [dataclasses.replace(f, file=None, line=None) for f in run_audit(duck)]
+    # Four partitions of the one day: key-hash buckets of two fetched pages or so each.
+    assert len(plan(clickhouse, rows_per_partition=4)) == 4
+    assert run_audit_by_partition(clickhouse, rows_per_partition=4) == expected
 
 
 @pytest.mark.parametrize("sample_rate", [1.0, 0.5])

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Final
 
 import pyarrow as pa
+import sqlglot
+from sqlglot import exp
 
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend, Source, as_backend
@@ -33,6 +37,7 @@ from kvaudit.contract import DTYPE_BYTES
 SEVERITY_ORDER: Final = {"critical": 0, "warning": 1, "info": 2}
 PRODUCERS_QUERY: Final = "audit/producers"
 LINEAGE_QUERY: Final = "audit/lineage"
+FETCHES: Final = "audit_fetches"  # the lineage's name in the statement, which the page rules read
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,24 @@ def rule_queries() -> list[str]:
     return [f"audit/{name.removesuffix('.sql')}" for name in sorted(names) if name.startswith("kva")]
 
 
+def page_rules() -> list[str]:
+    """The rules over fetched pages (they read `audit_fetches`): those an audit by partition runs per partition."""
+    return [name for name in rule_queries() if FETCHES in tables_read(_statement(name))]
+
+
+def trace_rules() -> list[str]:
+    """The rules over the traces as a whole (spans, unreadable lines): those an audit by partition runs once."""
+    return [name for name in rule_queries() if name not in page_rules()]
+
+
+@lru_cache(maxsize=64)
+def tables_read(sql: str) -> frozenset[str]:
+    """The tables and views a kvaudit SQL query reads (its own CTEs left out)."""
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    defined = {cte.alias for cte in tree.find_all(exp.CTE)}
+    return frozenset({table.name for table in tree.find_all(exp.Table)} - defined)
+
+
 def run_audit(source: Source, *, skew_s: float = 1.0) -> list[Finding]:
     """Every finding of every rule, critical first.
 
@@ -72,26 +95,42 @@ def run_audit(source: Source, *, skew_s: float = 1.0) -> list[Finding]:
         skew_s: clock skew allowed when deciding that a store preceded a fetch.
     """
     backend = as_backend(source)
-    _prepare(backend)
-    columns, rows = backend.query(audit_query(), {"kvaudit_skew_s": skew_s})
-    return sorted((_finding(dict(zip(columns, row))) for row in rows), key=_sort_key)
+    prepare(backend)
+    return findings(backend, audit_query(), skew_s=skew_s)
 
 
-def audit_query() -> str:
-    """One statement: the producers and the lineage as CTEs, then every rule's rows."""
+def findings(backend: Backend, statement: str, *, skew_s: float) -> list[Finding]:
+    """The findings of an audit statement (`audit_query`), critical first; `prepare` the backend first."""
+    columns, rows = backend.query(statement, {"kvaudit_skew_s": skew_s})
+    return sorted((_finding(dict(zip(columns, row))) for row in rows), key=sort_key)
+
+
+def audit_query(rules: Sequence[str] | None = None, *, pages: str | None = None) -> str:
+    """One statement: the producers and the lineage as CTEs, then the rules' rows.
+
+    Args:
+        rules: the rule queries to run (default: every rule).
+        pages: kvaudit SQL whose rows stand for the view `pages` within the statement
+            (a partition of it, `audit_partitions`); default the view itself.
+    """
+    chosen = rule_queries() if rules is None else list(rules)
     columns = ", ".join(field.name for field in dataclasses.fields(Finding))
-    rules = " UNION ALL ".join(f"SELECT {columns} FROM ({_statement(name)})" for name in rule_queries())
-    return (
-        f"WITH audit_producers AS MATERIALIZED ({_statement(PRODUCERS_QUERY)}),"
-        f" audit_fetches AS NOT MATERIALIZED ({_statement(LINEAGE_QUERY)}) {rules}"
-    )
+    body = " UNION ALL ".join(f"SELECT {columns} FROM ({_statement(name)})" for name in chosen)
+    ctes = [f"pages AS NOT MATERIALIZED ({pages})"] if pages is not None else []
+    if any(FETCHES in tables_read(_statement(name)) for name in chosen):
+        ctes += [
+            f"audit_producers AS MATERIALIZED ({_statement(PRODUCERS_QUERY)})",
+            f"{FETCHES} AS NOT MATERIALIZED ({_statement(LINEAGE_QUERY)})",
+        ]
+    return f"WITH {', '.join(ctes)} {body}" if ctes else body
 
 
 def _statement(name: str) -> str:
     return load(name).strip().rstrip(";")
 
 
-def _prepare(backend: Backend) -> None:
+def prepare(backend: Backend) -> None:
+    """What the rules read beside the views: `dtype_sizes`."""
     # KVA003 needs element sizes; the contract owns them, so the SQL gets them as a table.
     sizes = pa.table(
         {
@@ -110,7 +149,7 @@ def _finding(record: dict[str, Any]) -> Finding:
     return Finding(fields=fields, **record)
 
 
-def _sort_key(finding: Finding) -> tuple[Any, ...]:
+def sort_key(finding: Finding) -> tuple[Any, ...]:
     return (
         SEVERITY_ORDER.get(finding.severity, len(SEVERITY_ORDER)),
         finding.code,

@@ -9,6 +9,7 @@ and chdb, the ClickHouse engine in-process (tests, local files).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -21,8 +22,11 @@ import pyarrow.parquet as pq
 import sqlglot
 
 from kvaudit.backends.base import Backend, BackendError, Params, Rows
+from kvaudit.backends.clickhouse_tables import existing_query, typed_tables_unusable, typed_view_statements
 from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
 from kvaudit.backends.translate import WRITE, Statement, to_clickhouse
+
+logger = logging.getLogger(__name__)
 
 # DuckDB's semantics where ClickHouse's defaults differ: an outer join's missing side
 # is NULL (not the type's default), an aggregate over no rows is NULL (not 0), a name
@@ -108,6 +112,7 @@ class ChdbConnection(Connection):
     def __init__(self, path: str | None = None) -> None:
         from chdb import session  # imported here: only chdb users need it
 
+        self.path = path  # None: a database in memory
         self._session = session.Session(path) if path else session.Session()
         for name, value in SETTINGS.items():
             self.command(f"SET {name} = {value}")
@@ -139,27 +144,52 @@ class ClickHouseBackend(Backend):
     Args:
         connection: the session to run in.
         table: the exporter's traces table (its `traces_table_name`, `otel_traces` by default).
+        typed: read the typed tables `kvaudit clickhouse setup` makes (`clickhouse_tables`)
+            where they exist with this kvaudit's layout; False reads the exporter's table
+            even then (benchmarks compare the two).
 
     The views are created in the session at the first query, so that the table may be
     created after the backend (tests, `clickhouse_load`); a missing table is reported then.
-    One session serves every thread (`cursor()` is the backend itself): its calls take turns.
+    Without typed tables the views decode the exporter's attribute maps, and the backend
+    says so once (a log line). One session serves every thread (`cursor()` is the backend
+    itself): its calls take turns.
     """
 
     dialect = WRITE
 
-    def __init__(self, connection: Connection, table: str = DEFAULT_TABLE) -> None:
+    def __init__(self, connection: Connection, table: str = DEFAULT_TABLE, *, typed: bool = True) -> None:
         self.connection = connection
         self.table = table
-        self._views = False
+        self.typed = typed
+        self.reads_typed_tables: bool | None = None  # known from the first query on
         self._columns = view_columns()  # and those of the temporary tables and views made here
         self._lock = threading.RLock()
 
+    def _create_views(self) -> None:
+        statements = view_statements(self.table)
+        unusable = typed_tables_unusable(self.existing_typed(), self.table) if self.typed else "not asked for"
+        if unusable is None:
+            statements |= typed_view_statements()
+        elif self.typed:
+            logger.warning(
+                "ClickHouse: %s, so every query decodes the attribute maps of %s (5-10x the cost per row);"
+                " `kvaudit clickhouse setup` creates them",
+                unusable,
+                self.table,
+            )
+        for statement in statements.values():
+            self.connection.command(statement)
+        self.reads_typed_tables = unusable is None
+
+    def existing_typed(self) -> dict[str, str]:
+        """The typed tables and materialized views present in the database (name -> comment)."""
+        found = self.connection.arrow(existing_query())
+        return dict(zip(found.column("name").to_pylist(), found.column("comment").to_pylist()))
+
     def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
         with self._lock:
-            if not self._views:
-                for statement in view_statements(self.table).values():
-                    self.connection.command(statement)
-                self._views = True
+            if self.reads_typed_tables is None:
+                self._create_views()
             result = pa.table({})
             for statement in self._translate(sql, params):
                 if statement.returns_rows:
@@ -219,7 +249,7 @@ def connect(url: str) -> ClickHouseBackend:
         BackendError: the server cannot be reached or has no such table.
     """
     parts = urlparse(url)
-    table = parse_qs(parts.query).get("table", [DEFAULT_TABLE])[0]
+    table = traces_table(url)
     if parts.scheme == CHDB_SCHEME and parts.path:
         if not os.path.isdir(parts.path):
             raise FileNotFoundError(f"{parts.path}: no chdb database directory")
@@ -227,6 +257,11 @@ def connect(url: str) -> ClickHouseBackend:
     if parts.scheme not in SCHEMES or not parts.hostname:
         raise ValueError(f"{url}: expected clickhouse://HOST:PORT/DB or chdb:///PATH")
     return ClickHouseBackend(ServerConnection(url), table)
+
+
+def traces_table(url: str) -> str:
+    """The exporter's traces table a ClickHouse URL names (`?table=`, `otel_traces` by default)."""
+    return parse_qs(urlparse(url).query).get("table", [DEFAULT_TABLE])[0]
 
 
 _CH_TYPES: Final = {

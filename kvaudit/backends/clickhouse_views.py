@@ -15,6 +15,7 @@ and so `read_errors` is empty. An absent array attribute is NULL, as in DuckDB:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import pyarrow as pa
@@ -24,9 +25,21 @@ from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SPAN_CO
 from kvaudit.read.columns import ERRORS_SCHEMA
 
 DEFAULT_TABLE: Final = "otel_traces"
+# Columns of the DuckDB views that the exporter's table does not keep, with their types: NULL here.
+NOT_KEPT: Final = {
+    "file": pa.string(),
+    "line": pa.int64(),
+    "dropped_attributes": pa.int64(),
+    "dropped_events": pa.int64(),
+}
 _ARRAY: Final = "Variant(Array(Int64))"
 # OTLP status codes as the exporter writes them (traceutil.StatusCodeStr).
 _STATUS_CODES: Final = {"Unset": 0, "Ok": 1, "Error": 2}
+
+
+def table_sql(table: str) -> str:
+    """A table's name (`otel_traces`, `db.otel_traces`) as ClickHouse SQL, quoted where needed."""
+    return exp.to_table(table).sql(dialect="clickhouse")
 
 
 def _quote(text: str) -> str:
@@ -46,8 +59,8 @@ def _attribute(column: str, key: str, kind: str) -> str:
     return f"if({present}, {value}, NULL)"
 
 
-def _attributes(column: str, columns: dict[str, tuple[str, str]]) -> list[str]:
-    return [f"{_attribute(column, key, kind)} AS {name}" for name, (key, kind) in columns.items()]
+def _attributes(column: str, columns: dict[str, tuple[str, str]]) -> dict[str, str]:
+    return {name: _attribute(column, key, kind) for name, (key, kind) in columns.items()}
 
 
 def _resource_id(column: str) -> str:
@@ -57,72 +70,99 @@ def _resource_id(column: str) -> str:
     return f"reinterpretAsInt64(substring(MD5(arrayStringConcat({lines}, '\\n')), 1, 8))"
 
 
-def _head(res: str) -> list[str]:
-    return [
-        "CAST(NULL AS Nullable(String)) AS file",
-        "CAST(NULL AS Nullable(Int64)) AS line",
-        f"{_resource_id(res)} AS resource_id",
-        f"{_attribute(res, *RESOURCE_COLUMNS['replica'])} AS replica",
-        "CAST(TraceId AS Nullable(String)) AS trace_id",
-        "CAST(SpanId AS Nullable(String)) AS span_id",
-    ]
+def _head(res: str) -> dict[str, str]:
+    return {
+        "file": _null("file"),
+        "line": _null("line"),
+        "resource_id": _resource_id(res),
+        "replica": _attribute(res, *RESOURCE_COLUMNS["replica"]),
+        "trace_id": "CAST(TraceId AS Nullable(String))",
+        "span_id": "CAST(SpanId AS Nullable(String))",
+    }
+
+
+def _null(name: str) -> str:
+    """A column the exporter's table does not keep: NULL of its type in the DuckDB views."""
+    return f"CAST(NULL AS {_CH_TYPE[NOT_KEPT[name]]})"
 
 
 def view_statements(table: str = DEFAULT_TABLE) -> dict[str, str]:
     """`CREATE TEMPORARY VIEW` statements for each view, over the exporter's table `table`."""
-    source = exp.to_table(table).sql(dialect="clickhouse")
-    lists = _select_lists()
+    return {name: f"CREATE TEMPORARY VIEW {name} AS {body}" for name, body in view_queries(table).items()}
+
+
+def view_queries(
+    table: str = DEFAULT_TABLE, lists: Mapping[str, str] | None = None, *, rows: str | None = None
+) -> dict[str, str]:
+    """The query of each view over the exporter's table `table`.
+
+    Args:
+        lists: select lists to use instead of a view's own (`select_list`): the typed
+            tables take in a view's rows at insert, of the columns they store.
+        rows: a query of the table's rows to read instead of the whole table (a backfill
+            reads a partition at a time).
+    """
+    source = f"({rows})" if rows is not None else table_sql(table)
+    lists = {name: select_list(columns) for name, columns in view_expressions().items()} | dict(lists or {})
     events = "Events.Timestamp AS event_time, Events.Name AS event_name, Events.Attributes AS event_attributes"
-    bodies = {
-        "spans": f"SELECT {', '.join(lists['spans'])} FROM {source}",
-        "pages": f"SELECT {', '.join(lists['pages'])} FROM {source}"
-        f" ARRAY JOIN {events} WHERE event_name = {_quote(EVENT_PAGE)}",
+    return {
+        "spans": f"SELECT {lists['spans']} FROM {source}",
+        "pages": f"SELECT {lists['pages']} FROM {source} ARRAY JOIN {events} WHERE event_name = {_quote(EVENT_PAGE)}",
         # Few distinct resources exist (one per process): take them before decoding.
-        "replicas": f"SELECT DISTINCT {', '.join(lists['replicas'])}"
-        f" FROM (SELECT DISTINCT ResourceAttributes FROM {source})",
-        "read_errors": f"SELECT {', '.join(lists['read_errors'])} WHERE 0",
+        "replicas": f"SELECT DISTINCT {lists['replicas']} FROM (SELECT DISTINCT ResourceAttributes FROM {source})",
+        "read_errors": f"SELECT {lists['read_errors']} WHERE 0",
     }
-    return {name: f"CREATE TEMPORARY VIEW {name} AS {body}" for name, body in bodies.items()}
 
 
 def view_columns() -> dict[str, list[str]]:
     """The column names of each view, in order: those of the DuckDB views."""
-    return {name: [item.rsplit(" AS ", 1)[1] for item in items] for name, items in _select_lists().items()}
+    return {name: list(columns) for name, columns in view_expressions().items()}
 
 
-def _select_lists() -> dict[str, list[str]]:
+def view_expressions() -> dict[str, dict[str, str]]:
+    """Each view's columns, in order, each with the ClickHouse expression computing it from the exporter's table.
+
+    The columns the DuckDB views compute from others (`pages.time`, `spans.start_time`,
+    ...) are computed from the same columns here, so that a view over typed tables
+    (kvaudit.backends.clickhouse_tables) takes these expressions as they are.
+    """
     status = ", ".join(f"StatusCode = {_quote(name)}, {code}" for name, code in _STATUS_CODES.items())
     known = ", ".join(_quote(key) for key, _ in SPAN_COLUMNS.values())
     on_pages = {name: SPAN_COLUMNS[name] for name in ("op", "hook", "backend", "request_id", "outcome")}
     return {
-        "spans": [
-            *_head("ResourceAttributes"),
-            "nullIf(ParentSpanId, '') AS parent_span_id",
-            "CAST(SpanName AS Nullable(String)) AS name",
-            "toUnixTimestamp64Nano(Timestamp) AS start_ns",
-            "start_ns + CAST(Duration AS Int64) AS end_ns",
-            f"CAST(multiIf({status}, NULL) AS Nullable(Int64)) AS status_code",
-            "CAST(NULL AS Nullable(Int64)) AS dropped_attributes",
-            "CAST(NULL AS Nullable(Int64)) AS dropped_events",
-            *_attributes("SpanAttributes", SPAN_COLUMNS),
-            "toDateTime64(Timestamp, 9, 'UTC') AS start_time",
-            "fromUnixTimestamp64Nano(end_ns, 'UTC') AS end_time",
-            "Duration / 1e6 AS duration_ms",
-            f"CAST(mapFilter((k, v) -> k NOT IN ({known}), SpanAttributes) AS Map(String, String)) AS attributes",
-        ],
-        "pages": [
-            *_head("ResourceAttributes"),
-            *_attributes("SpanAttributes", on_pages),
-            "toUnixTimestamp64Nano(event_time) AS time_ns",
-            *_attributes("event_attributes", PAGE_COLUMNS),
-            "toDateTime64(event_time, 9, 'UTC') AS time",
-        ],
-        "replicas": [
-            f"{_resource_id('ResourceAttributes')} AS resource_id",
-            *_attributes("ResourceAttributes", RESOURCE_COLUMNS),
-        ],
-        "read_errors": [f"CAST(NULL AS {_CH_TYPE[field.type]}) AS {field.name}" for field in ERRORS_SCHEMA],
+        "spans": {
+            **_head("ResourceAttributes"),
+            "parent_span_id": "nullIf(ParentSpanId, '')",
+            "name": "CAST(SpanName AS Nullable(String))",
+            "start_ns": "toUnixTimestamp64Nano(Timestamp)",
+            "end_ns": "start_ns + CAST(Duration AS Int64)",
+            "status_code": f"CAST(multiIf({status}, NULL) AS Nullable(Int64))",
+            "dropped_attributes": _null("dropped_attributes"),
+            "dropped_events": _null("dropped_events"),
+            **_attributes("SpanAttributes", SPAN_COLUMNS),
+            "start_time": "fromUnixTimestamp64Nano(start_ns, 'UTC')",
+            "end_time": "fromUnixTimestamp64Nano(end_ns, 'UTC')",
+            "duration_ms": "(end_ns - start_ns) / 1e6",
+            "attributes": f"CAST(mapFilter((k, v) -> k NOT IN ({known}), SpanAttributes) AS Map(String, String))",
+        },
+        "pages": {
+            **_head("ResourceAttributes"),
+            **_attributes("SpanAttributes", on_pages),
+            "time_ns": "toUnixTimestamp64Nano(event_time)",
+            **_attributes("event_attributes", PAGE_COLUMNS),
+            "time": "fromUnixTimestamp64Nano(time_ns, 'UTC')",
+        },
+        "replicas": {
+            "resource_id": _resource_id("ResourceAttributes"),
+            **_attributes("ResourceAttributes", RESOURCE_COLUMNS),
+        },
+        "read_errors": {field.name: f"CAST(NULL AS {_CH_TYPE[field.type]})" for field in ERRORS_SCHEMA},
     }
+
+
+def select_list(columns: dict[str, str]) -> str:
+    """`expression AS name, ...` for columns as `view_expressions` gives them."""
+    return ", ".join(name if expression == name else f"{expression} AS {name}" for name, expression in columns.items())
 
 
 _CH_TYPE: Final = {pa.string(): "Nullable(String)", pa.int64(): "Nullable(Int64)"}
