@@ -16,16 +16,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from bench.common import machine
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend
 from kvaudit.backends.clickhouse_load import create_table
+from kvaudit.backends.clickhouse_setup import setup
+from kvaudit.backends.clickhouse_tables import TYPED_TABLES
+from kvaudit.backends.clickhouse_views import DEFAULT_TABLE
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SPAN_COLUMNS, Hook, Op, Outcome
 from kvaudit.read import parquet
@@ -39,6 +45,8 @@ PAGE_TOKENS: Final = 256
 SHAPE: Final = (2, 46, PAGE_TOKENS, 16 * 128)
 PAGE_BYTES: Final = 2 * 46 * PAGE_TOKENS * 16 * 128 * 2
 START_NS: Final = 1_796_083_200 * 10**9  # 2026-12-01 00:00 UTC
+MEMORY: Final = os.environ.get("KVAUDIT_BENCH_MEMORY", "4GB")  # DuckDB's limit: it spills beyond
+WHOLE_AUDIT_UP_TO: Final = 10_000_000  # beyond, only the audit by day (the whole one outgrows the machine)
 QUERIES: Final = {
     "scan": "SELECT count(*) AS pages, sum(bytes) AS bytes, count(DISTINCT key) AS keys FROM pages",
     "filter": "SELECT count(*) AS pages, sum(bytes) AS bytes FROM pages WHERE replica = 'r3' AND op = 'fetch'",
@@ -51,6 +59,7 @@ def main() -> None:
     sizes = [int(n) for n in os.environ.get("KVAUDIT_BENCH_SCALE_PAGES", "10000000").split(",")]
     root = os.environ.get("KVAUDIT_BENCH_DIR")
     work = Path(root) if root else Path(tempfile.mkdtemp(prefix="kvaudit-scale-"))
+    print(machine())
     try:
         for pages in sizes:
             _bench(pages, work / f"{pages}")
@@ -60,33 +69,32 @@ def main() -> None:
 
 
 def _bench(pages: int, work: Path) -> None:
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     print(f"\n{pages:,} page descriptors ({pages // PAGES_PER_SPAN:,} spans, {REPLICAS} replicas)")
-    database, dataset = work / "fleet.duckdb", work / "parquet"
-    store = TraceStore(database=str(database))
-    # Within this machine's means (2 cores, shared): DuckDB spills what exceeds this.
-    store.con.execute("SET memory_limit = '4GB'")
-    store.con.execute("SET preserve_insertion_order = false")
-    _timed("generate into DuckDB (kvaudit ingest's tables)", lambda: _generate(store, pages))
-    _timed("write Parquet (kvaudit ingest --parquet)", lambda: parquet.write(store, str(dataset)))
-    clickhouse = ClickHouseBackend(ChdbConnection(str(work / "chdb")))
-    create_table(clickhouse)
-    _timed("map to otel_traces in chdb (MergeTree)", lambda: _load_otel_traces(store, work, clickhouse))
-    store.close()
-    chdb_bytes = clickhouse.query("SELECT sum(bytes_on_disk) FROM system.parts WHERE active AND table = 'otel_traces'")
+    database, dataset, chdb = work / "fleet.duckdb", work / "parquet", work / "chdb"
+    if (work / "complete").is_file():
+        print(f"  reusing the fleet in {work}")
+    else:
+        _materialise(pages, work, database, dataset, chdb)
+    clickhouse = ClickHouseBackend(ChdbConnection(str(chdb)), typed=False)
+    typed = ClickHouseBackend(ChdbConnection(str(chdb)))
     sizes = {
         "duckdb": database.stat().st_size,
         "parquet": sum(f.stat().st_size for f in dataset.rglob("*.parquet")),
-        "chdb": int(chdb_bytes[1][0][0]),
+        "chdb": _bytes_on_disk(clickhouse, [DEFAULT_TABLE]),
+        "chdb-typed": _bytes_on_disk(clickhouse, [table.name for table in TYPED_TABLES]),
     }
     print("  on disk: " + ", ".join(f"{name} {size / 2**20:,.0f} MiB" for name, size in sizes.items()))
     backends: dict[str, Backend] = {
         "duckdb": DuckDBBackend(open_ingested(str(database))),
         "parquet": DuckDBBackend(open_parquet(str(dataset))),
         "chdb": clickhouse,
+        "chdb-typed": typed,
     }
-    print(f"  {'query':<10}" + "".join(f"{name:>12}" for name in backends) + "   (seconds, best of 2)")
+    for backend in backends.values():
+        if isinstance(backend, DuckDBBackend):
+            backend.query(f"SET memory_limit = '{MEMORY}'")
+    assert typed.query("SELECT 1") and typed.reads_typed_tables, "chdb-typed must read the typed tables"
+    print(f"  {'query':<10}" + "".join(f"{name:>12}" for name in backends) + "   (seconds, best of 2)   typed/duckdb")
     for name, sql in QUERIES.items():
         seconds, answers = [], []
         for backend in backends.values():
@@ -94,9 +102,59 @@ def _bench(pages: int, work: Path) -> None:
             seconds.append(best)
             answers.append(rows)
         agree = "" if name == "summary" or all(a == answers[0] for a in answers) else "   answers differ!"
-        print(f"  {name:<10}" + "".join(f"{s:>12.2f}" for s in seconds) + agree)
+        ratio = seconds[-1] / seconds[0]
+        print(
+            f"  {name:<10}" + "".join(f"{s:>12.2f}" for s in seconds) + f"   {ratio:>21.2f}x"
+            f"  ({seconds[-1] / pages * 1e9:.1f} ns per descriptor){agree}"
+        )
     for backend in backends.values():
         backend.close()
+    # Each audit in a process of its own (chdb's database directory admits one process at a time).
+    modes = ["by-day", "whole"] if pages <= WHOLE_AUDIT_UP_TO else ["by-day"]
+    print(f"  {'audit':<18}{'seconds':>10}{'CPU s':>10}{'peak GiB':>10}{'findings':>10}{'partitions':>12}")
+    for kind, path in (("duckdb", database), ("parquet", dataset), ("chdb", chdb)):
+        for mode in modes:
+            result = subprocess.run(
+                [sys.executable, "-m", "bench.scale_audit", kind, str(path), mode],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            seconds, cpu, peak_kib, findings, partitions = result.stdout.split()
+            print(
+                f"  {kind + ' ' + mode:<18}{float(seconds):>10.1f}{float(cpu):>10.1f}"
+                f"{int(peak_kib) / 2**20:>10.2f}{findings:>10}{partitions:>12}"
+            )
+
+
+def _materialise(pages: int, work: Path, database: Path, dataset: Path, chdb: Path) -> None:
+    """The fleet three ways: kvaudit ingest's DuckDB tables, its Parquet, and chdb's otel_traces (with the
+    typed tables `kvaudit clickhouse setup` makes, filled by their materialized views as the rows arrive)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    store = TraceStore(database=str(database))
+    # Within this machine's means (2 cores, shared): DuckDB spills what exceeds this.
+    store.con.execute(f"SET memory_limit = '{MEMORY}'")
+    store.con.execute("SET preserve_insertion_order = false")
+    _timed("generate into DuckDB (kvaudit ingest's tables)", lambda: _generate(store, pages))
+    _timed("write Parquet (kvaudit ingest --parquet)", lambda: parquet.write(store, str(dataset)))
+    clickhouse = ClickHouseBackend(ChdbConnection(str(chdb)))
+    create_table(clickhouse)
+    for _ in setup(clickhouse):
+        pass
+    _timed(
+        "map to otel_traces in chdb (MergeTree), typed tables filled at insert",
+        lambda: _load_otel_traces(store, work, clickhouse),
+    )
+    clickhouse.close()
+    store.close()
+    (work / "complete").touch()
+
+
+def _bytes_on_disk(clickhouse: ClickHouseBackend, tables: list[str]) -> int:
+    names = ", ".join(f"'{name}'" for name in tables)
+    [(size,)] = clickhouse.query(f"SELECT sum(bytes_on_disk) FROM system.parts WHERE active AND table IN ({names})")[1]
+    return int(size)
 
 
 def _run(backend: Backend, sql: str) -> tuple[float, Any]:

@@ -83,9 +83,12 @@ class Partition:
         fetched = f"op = '{Op.FETCH}' AND time_ns >= {start} AND time_ns < {end}"
         if self.buckets > 1:
             fetched += f" AND coalesce(md5_number_upper(key) % {self.buckets}, 0) = {self.bucket}"
+        # Two branches, so that a reader of fetched pages only (the lineage) rules the stores out by
+        # their `op` alone, without the semi-join that bounds them.
         return (
-            f"SELECT * FROM pages WHERE time_ns >= {start - lookback} AND time_ns < {end + lookback}"
-            f" AND ({fetched} OR (op = '{Op.STORE}' AND key IN (SELECT key FROM pages WHERE {fetched})))"
+            f"SELECT * FROM pages WHERE {fetched} UNION ALL SELECT * FROM pages WHERE op = '{Op.STORE}'"
+            f" AND time_ns >= {start - lookback} AND time_ns < {end + lookback}"
+            f" AND key IN (SELECT key FROM pages WHERE {fetched})"
         )
 
 
