@@ -17,6 +17,7 @@ from kvaudit import __version__
 # Command modules, in the order `kvaudit --help` lists them.
 COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
+    "kvaudit.commands.queries",
     "kvaudit.commands.audit",
     "kvaudit.commands.report",
     "kvaudit.commands.ingest",

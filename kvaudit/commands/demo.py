@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from kvaudit.analyse.named_queries import load, query_path
+from kvaudit.analyse.named_queries import load
 from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.commands.simulate import print_summary
 from kvaudit.present.report import gather, print_report
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  kvaudit tui {traces_dir}")
     print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
     print(f'  kvaudit sql {traces_dir} "SELECT replica, op, layout, used, count(*) FROM pages GROUP BY ALL"')
-    print(f"  kvaudit sql {traces_dir} -f {query_path('summary')}")
+    print(f"  kvaudit sql {traces_dir} -q summary    # kvaudit queries lists the others")
     print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")
     print(f"  ground truth of the injected faults: {out / GROUND_TRUTH_FILE}")
     return 0
