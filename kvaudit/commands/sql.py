@@ -9,11 +9,13 @@ from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
     add_backend_option,
+    add_output_arguments,
     command_parser,
     open_backend,
+    row_limit,
     warn_backend_read_errors,
 )
-from kvaudit.present.rows import FORMATS, write_rows
+from kvaudit.present.rows import write_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=TRACE_PATHS_HELP,
     )
     parser.add_argument("-f", "--file", help="read the query from this .sql file")
-    parser.add_argument("--format", choices=FORMATS, default="table")
+    add_output_arguments(parser)
     add_backend_option(parser)
     parser.set_defaults(run=run)
 
@@ -48,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
     with open_backend(args.backend, paths) as backend:
         warn_backend_read_errors(backend)
         columns, rows = backend.query(query)
-    write_rows(columns, rows, args.format)
+    write_rows(columns, rows, args.format, limit=row_limit(args))
     return 0

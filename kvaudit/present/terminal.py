@@ -1,0 +1,46 @@
+"""Printing Rich tables where people read them: a terminal, or a pipe into a pager or a file.
+
+On a terminal a table folds its cells to the terminal's width. Anywhere else there is
+no width to fit (Rich would assume 80 columns and fold `SELECT * FROM replicas` into a
+header of one letter per line), so a table is printed at the width it needs.
+Values in cells are `Text` objects made with `cell`, never markup: a trace's `[/]` is
+shown as written, and its control characters as escapes (`kvaudit.safe_text`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TextIO
+
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
+from rich.text import Text
+
+from kvaudit.safe_text import visible
+
+# Wide enough to measure any table's natural width (Rich needs a console width to measure in).
+_MEASURE_WIDTH: Final = 1 << 20
+NULL: Final = Text("∅", style="dim")
+
+
+def cell(value: Any) -> Text:
+    """A value as a table cell: numbers short, NULL as a dim ∅, text as text (never markup)."""
+    if value is None:
+        return NULL
+    if isinstance(value, float):
+        return Text(f"{value:.4g}")
+    return Text(visible(str(value)))
+
+
+def console(stream: TextIO) -> Console:
+    """A console writing to `stream`, without soft wrapping (a table's rows stay rows)."""
+    return Console(file=stream, soft_wrap=False)
+
+
+def print_wide(out: Console, renderable: RenderableType) -> None:
+    """Print `renderable` folded to a terminal's width, or at its natural width when `out` is not a terminal."""
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    measuring = Console(file=out.file, width=_MEASURE_WIDTH, soft_wrap=False)
+    width = Measurement.get(measuring, measuring.options, renderable).maximum
+    Console(file=out.file, width=max(width, 1), soft_wrap=False).print(renderable)
