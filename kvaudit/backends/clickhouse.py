@@ -18,6 +18,7 @@ give kvaudit a user that may read only the traces table.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -127,7 +128,15 @@ class ChdbConnection(Connection):
         try:
             return self._session.query(sql, "ArrowTable")
         except RuntimeError as exc:  # chdb reports every engine error as RuntimeError
+            if TIMEOUT_EXCEEDED in str(exc):
+                self._drain()
             raise BackendError(_first_line(exc)) from None
+
+    def _drain(self) -> None:
+        """Take the stale output a query stopped at max_execution_time leaves behind: chdb (4.4)
+        hands it to the next query as its result (garbled Arrow), and to that one only."""
+        with contextlib.suppress(RuntimeError, ValueError):  # the stale output, read as this query's
+            self._session.query("SELECT 1", "CSV")
 
     def command(self, sql: str) -> None:
         self.arrow(sql)

@@ -79,7 +79,7 @@ class DuckDBBackend(Backend):
             if locked:
                 return  # sealed before, by this backend or another connection to the database
             if self.readable:
-                directories = ", ".join(_literal(str(Path(p).resolve())) for p in self.readable)
+                directories = ", ".join(_literal(p if "://" in p else str(Path(p).resolve())) for p in self.readable)
                 con.execute(f"SET allowed_directories = [{directories}]")
             con.execute(f"SET allowed_configs = [{', '.join(map(_literal, _UNLOCKED))}]")
             con.execute("SET enable_external_access = false")

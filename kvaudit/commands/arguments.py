@@ -113,12 +113,15 @@ def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, w
         if not paths:
             raise UsageError("give trace paths, or --backend URL")
         from kvaudit.backends.duckdb_backend import DuckDBBackend
+        from kvaudit.read import parquet
         from kvaudit.read.open import is_trace_files, open_store
         from kvaudit.read.store import TraceStore
 
         if live and is_trace_files(paths):
             return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
-        return DuckDBBackend(open_store(paths))
+        # A Parquet dataset is read in place by DuckDB: its root stays readable in the rules' sandbox.
+        dataset = [paths[0]] if len(paths) == 1 and parquet.is_dataset(paths[0]) else []
+        return DuckDBBackend(open_store(paths), readable=dataset)
     if paths:
         raise UsageError("give either trace paths or --backend URL, not both")
     from kvaudit.backends.clickhouse import connect  # its clients load only when asked for
