@@ -6,10 +6,8 @@ columns, and a TUI that refuses to draw into a pipe.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 from kvaudit.cli import main
 
 from . import alert_traces
+from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
 
 KVAUDIT = f"{sys.executable} -m kvaudit"
 
@@ -100,25 +99,13 @@ def test_tables_stop_at_a_row_cap_unless_asked(trace_dir: Path, capsys: pytest.C
     assert len(capsys.readouterr().out.splitlines()) == 1001  # CSV and JSON: every row unless asked
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (scripts/install-tmux.sh)")
-def test_the_report_reads_at_80_columns(upgrade: Path, tmp_path: Path):
-    socket = f"kvaudit-report-{tmp_path.name}"
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(["tmux", "-L", socket, *args], check=True, capture_output=True, text=True).stdout
-
-    command = f"env -u COLUMNS -u LINES {KVAUDIT} report {upgrade}; echo REPORT-DONE; sleep 60"
-    try:
-        tmux("-f", "/dev/null", "new-session", "-d", "-s", "r", "-x", "80", "-y", "50", command)
-        tmux("set-option", "-t", "r", "history-limit", "50000")
-        deadline = time.monotonic() + 120
-        while "REPORT-DONE" not in tmux("capture-pane", "-p", "-t", "r"):
-            assert time.monotonic() < deadline, "the report did not finish"
-            time.sleep(0.5)
-        # -J joins the lines the terminal wrapped: a line longer than the terminal would show whole.
-        report = tmux("capture-pane", "-p", "-J", "-S", "-", "-t", "r").splitlines()
-    finally:
-        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+@needs_tmux
+def test_the_report_reads_at_80_columns(upgrade: Path, terminal: Terminal):
+    terminal.start(
+        f"env -u COLUMNS -u LINES {KVAUDIT} report {upgrade}; echo REPORT-DONE; sleep 60", width=80, height=50
+    )
+    terminal.wait_for("REPORT-DONE", timeout_s=120)
+    report = terminal.history()  # a line longer than the terminal would show whole
     assert max(len(line.rstrip()) for line in report) <= 80
     assert any(line.split()[:3] == ["r1", "│", "r2"] and "layout" in line for line in report)  # fields by name
     assert not any('{"' in line for line in report)  # not as JSON folded into a column

@@ -8,10 +8,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from kvaudit.tui.widgets.replica_table import ReplicaTable
 
 from . import hostile_traces
 from .hostile_traces import HOSTILE_REPLICA, RAW
+from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
 
 SHOWN = "[/]r9[bold red]red[/bold red]\\x1b]0;pwned\\x07\\x1b[2J\\u202e"  # the replica as people see it
 RULES = """\
@@ -132,24 +131,12 @@ async def _until(condition, timeout_s: float = 20.0) -> None:  # type: ignore[no
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (scripts/install-tmux.sh)")
-def test_a_real_terminal_keeps_its_title_and_its_screen(hostile: Path, tmp_path: Path):
+@needs_tmux
+def test_a_real_terminal_keeps_its_title_and_its_screen(hostile: Path, terminal: Terminal):
     """In tmux: the OSC title would rename the pane, ESC[2J would clear the marker printed first."""
-    socket = f"kvaudit-hostile-{tmp_path.name}"
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(["tmux", "-L", socket, *args], check=True, capture_output=True, text=True).stdout
-
     command = f"echo MARKER; env -u COLUMNS -u LINES {sys.executable} -m kvaudit audit {hostile}; echo DONE; sleep 60"
-    try:
-        tmux("-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "200", "-y", "50", command)
-        deadline = time.monotonic() + 60
-        while "DONE" not in (screen := tmux("capture-pane", "-p", "-J", "-t", "t")):
-            assert time.monotonic() < deadline, screen
-            time.sleep(0.2)
-        assert "MARKER" in screen  # not cleared
-        assert SHOWN in screen
-        assert "pwned" not in tmux("display-message", "-p", "-t", "t", "#{pane_title}")
-    finally:
-        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
-    assert HOSTILE_REPLICA not in screen
+    terminal.start(command, width=200, height=50)
+    screen = terminal.wait_for("DONE", timeout_s=60)
+    assert "MARKER" in screen  # not cleared
+    assert SHOWN in screen and HOSTILE_REPLICA not in screen
+    assert "pwned" not in terminal.title()
