@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any, Final, TextIO
 
 from rich.console import Console, RenderableType
-from rich.measure import Measurement
 from rich.text import Text
 
 from kvaudit.safe_text import visible
 
-# Wide enough to measure any table's natural width (Rich needs a console width to measure in).
-_MEASURE_WIDTH: Final = 1 << 20
+# Wider than any table: off a terminal, a table is laid out at its natural width within it
+# (and not padded to it), in the one pass that prints it.
+_UNBOUNDED_WIDTH: Final = 1 << 20
 NULL: Final = Text("∅", style="dim")
 
 
@@ -40,7 +40,5 @@ def print_wide(out: Console, renderable: RenderableType) -> None:
     """Print `renderable` folded to a terminal's width, or at its natural width when `out` is not a terminal."""
     if out.is_terminal:
         out.print(renderable)
-        return
-    measuring = Console(file=out.file, width=_MEASURE_WIDTH, soft_wrap=False)
-    width = Measurement.get(measuring, measuring.options, renderable).maximum
-    Console(file=out.file, width=max(width, 1), soft_wrap=False).print(renderable)
+    else:
+        Console(file=out.file, width=_UNBOUNDED_WIDTH, soft_wrap=False).print(renderable)
