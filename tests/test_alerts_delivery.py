@@ -210,3 +210,37 @@ def test_watch_once_gates_on_firing_when_asked(trace_dir: Path, tmp_path: Path):
     argv += ["--notify", f"file:{os.devnull}"]
     assert main(argv) == 0  # a notifier's job: done once delivered
     assert main([*argv, "--fail-on", "firing"]) == 1
+
+
+class _Flaky:
+    """A notifier with a bug the first time (not a DeliveryError), fine afterwards."""
+
+    name = "flaky"
+    resend_s = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def send(self, alerts: list[AlertInstance], now: float) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise KeyError("a bug")
+
+
+def test_a_notifier_that_breaks_is_a_failed_delivery_not_a_dead_thread(caplog: pytest.LogCaptureFixture):
+    flaky = _Flaky()
+    closed = io.StringIO()
+    closed.close()
+    stdout = StreamNotifier(closed)  # a closed pipe or file
+    dispatcher = Dispatcher([flaky, stdout])
+    alerts = [_firing(1)]
+    for now in (T0, T0 + 1):
+        dispatcher.dispatch(alerts, now)
+        assert dispatcher.flush(timeout_s=30)
+        dispatcher.acknowledge(alerts)
+    assert (dispatcher.stats["flaky"].failed, dispatcher.stats["flaky"].delivered, flaky.calls) == (1, 1, 2)
+    assert dispatcher.stats["stdout"].failed == 2 and dispatcher.stats["stdout"].undelivered == 1
+    assert (
+        "flaky: 1 alerts not delivered (0 more queued behind them), retrying next evaluation: KeyError" in caplog.text
+    )
+    dispatcher.close()

@@ -194,3 +194,27 @@ def test_a_group_interval_spaces_its_evaluations(tmp_path: Path, store: TraceSto
     assert len(engine.evaluate(store)) == 1  # not due: unchanged
     clock.advance(30)
     assert engine.evaluate(store)[0].state is AlertState.RESOLVED
+
+
+def test_views_that_cannot_be_made_fail_every_rule_and_stop_nothing(
+    tmp_path: Path, store: TraceStore, monkeypatch: pytest.MonkeyPatch
+):
+    clock = Clock()
+    engine = _engine(tmp_path, clock)
+    _holds(store, r1=1)
+    engine.evaluate(store)
+
+    # A stand-in for the auditor failing on data it cannot handle (no such data is at hand).
+    def overflowing(*_: object, **__: object) -> None:
+        raise OverflowError("int too big to convert")
+
+    monkeypatch.setattr("kvaudit.alerts.engine.prepare", overflowing)
+    clock.advance(60)
+    alerts = engine.evaluate(store)
+    assert engine.errors == {
+        ("g", "Hot"): "the views rules read could not be made: OverflowError: int too big to convert"
+    }
+    assert {a.alertname: a.state for a in alerts} == {
+        "Hot": AlertState.PENDING,
+        "KVAuditRuleFailing": AlertState.FIRING,
+    }

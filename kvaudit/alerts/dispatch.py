@@ -106,21 +106,24 @@ class _Outbox:
             now = max(due for _, due in batch)
             try:
                 self.notifier.send([alert for alert, _ in batch], now)
-            except DeliveryError as exc:
+            except Exception as exc:  # DeliveryError; anything else is a notifier's bug, and must not end this thread
+                error = str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
+                if not isinstance(exc, DeliveryError):
+                    logger.debug("%s: sending", self.notifier.name, exc_info=True)
                 with self._changed:
-                    dropped = len(self._queue)
+                    # Logged before the outbox shows idle: whoever waits for it sees the warning too.
+                    logger.warning(
+                        "%s: %d alerts not delivered (%d more queued behind them), retrying next evaluation: %s",
+                        self.notifier.name,
+                        len(batch),
+                        len(self._queue),
+                        error,
+                    )
                     self._queue.clear()  # still due: offered again at the next evaluation
                     self._sending = {}
                     self.stats.failed += len(batch)
-                    self.stats.last_error = str(exc)
+                    self.stats.last_error = error
                     self._changed.notify_all()
-                logger.warning(
-                    "%s: %d alerts not delivered (%d more queued behind them), retrying next evaluation: %s",
-                    self.notifier.name,
-                    len(batch),
-                    dropped,
-                    exc,
-                )
             else:
                 with self._changed:
                     self._acknowledged += [(_key(alert), Delivery(alert.state, due)) for alert, due in batch]

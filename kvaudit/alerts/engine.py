@@ -128,6 +128,9 @@ class RuleEngine:
             prepare(backend, skew_s=self.skew_s)
         except BackendError as exc:
             return f"the views rules read could not be made: {exc}"
+        except Exception as exc:  # the auditor's own failure must not stop alerting: every rule reports it
+            logger.debug("preparing the views", exc_info=True)
+            return f"the views rules read could not be made: {type(exc).__name__}: {exc}"
         return None
 
     def _evaluate_rule(

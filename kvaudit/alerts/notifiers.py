@@ -48,13 +48,18 @@ class StreamNotifier:
     resend_s: float | None = None
 
     def send(self, alerts: Sequence[AlertInstance], now: float) -> None:
+        lines = []
         for alert in alerts:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(alert.labels.items()) if k != ALERTNAME)
             value = "" if alert.value is None else f" value={format_value(alert.value)}"
             summary = alert.annotations.get("summary", "")
             line = f"{alert.state.upper()} {alert.alertname}{{{labels}}}{value} {summary}".rstrip()
-            self.stream.write(visible(line) + "\n")
-        self.stream.flush()
+            lines.append(visible(line) + "\n")
+        try:
+            self.stream.write("".join(lines))
+            self.stream.flush()
+        except OSError as exc:  # a closed pipe, a full disk
+            raise DeliveryError(f"{self.name}: {exc.strerror or exc}") from None
 
 
 @dataclass
