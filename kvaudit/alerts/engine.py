@@ -27,8 +27,8 @@ from typing import Final
 
 from kvaudit.alerts.evaluate import Bounds, EvaluationError, Sample, evaluate_rule
 from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
-from kvaudit.alerts.rule_health import HEALTH_GROUP, RULE_FAILING, Health, RuleHealth, failing_samples
-from kvaudit.alerts.rules import ALERTNAME, Group, Rule
+from kvaudit.alerts.rule_health import RULE_FAILING, Health, RuleHealth, failing_samples
+from kvaudit.alerts.rules import ALERTNAME, HEALTH_GROUP, Group, Rule
 from kvaudit.alerts.state_file import load_state, save_state
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend, BackendError, Source, as_backend
@@ -50,9 +50,6 @@ class RuleEngine:
         resolved_retention_s: how long resolved alerts stay tracked.
         skew_s: clock skew the auditor allows between replicas (for `findings`).
         bounds: each rule's time limit and default alert limit (a group's `limit` wins).
-
-    Raises:
-        ValueError: a group uses the name reserved for rule health.
     """
 
     def __init__(
@@ -65,8 +62,6 @@ class RuleEngine:
         skew_s: float = 1.0,
         bounds: Bounds | None = None,
     ) -> None:
-        if any(g.name == HEALTH_GROUP for g in groups):
-            raise ValueError(f"group name {HEALTH_GROUP!r} is kvaudit's own (its rule health alerts)")
         self.groups = list(groups)
         self.state_path = Path(state_path) if state_path is not None else None
         self.clock = clock

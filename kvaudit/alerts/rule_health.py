@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from kvaudit.alerts.evaluate import Sample
-from kvaudit.alerts.rules import Rule
+from kvaudit.alerts.rules import HEALTH_GROUP, Rule
 from kvaudit.alerts.templates import parse_template
 
 
@@ -49,8 +49,6 @@ class RuleHealth:
         return cls(rule.group, rule.alert, rule.file, rule.line)
 
 
-# Its group: reserved, so that its alerts' state never mixes with a rule file's.
-HEALTH_GROUP: Final = "kvaudit-rule-health"
 RULE_FAILING: Final = Rule(
     alert="KVAuditRuleFailing",
     expr="",  # not a query: its samples are the failing rules (`failing_samples`)

@@ -34,6 +34,8 @@ from kvaudit.durations import parse_duration
 
 NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALERTNAME: Final = "alertname"
+# The group of kvaudit's own rule health alerts (`rule_health`): no rule file may use it.
+HEALTH_GROUP: Final = "kvaudit-rule-health"
 _FILE_KEYS: Final = frozenset({"groups"})
 _GROUP_KEYS: Final = frozenset({"name", "interval", "limit", "rules"})
 _RULE_KEYS: Final = frozenset({"alert", "expr", "for", "keep_firing_for", "labels", "annotations"})
@@ -180,6 +182,8 @@ class _Reader:
         if fields is None or "name" not in fields:
             return None
         name = self.scalar(fields["name"], "name")
+        if name == HEALTH_GROUP:
+            self.problem(fields["name"], f"group name {name!r} is kvaudit's own (its rule health alerts)")
         interval = self.duration(fields["interval"], "interval") if "interval" in fields else None
         if interval == 0:
             self.problem(fields["interval"], "interval must be longer than 0s")
