@@ -52,6 +52,11 @@ def test_alerts_eval_on_clickhouse(sources: tuple[str, str], capsys: pytest.Capt
         kept = ("state", "alertname", "labels", "value", "summary")
         return sorted(({key: a[key] for key in kept} for a in alerts), key=lambda a: (a["alertname"], a["labels"]))
 
+    # evictions/before_reuse does not translate to ClickHouse, so the rule reading it fails
+    # there: reported as rule health (its own alert), the other rules unaffected.
+    [failing] = [a for a in clickhouse_alerts if a["alertname"] == "KVAuditRuleFailing"]
+    assert failing["labels"] == "rule=KVAuditPoolThrash, rule_group=kvaudit-efficiency"
+    clickhouse_alerts.remove(failing)
     assert_close(same(clickhouse_alerts), same(duckdb_alerts))
 
 

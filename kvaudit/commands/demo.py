@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     _report(store, result, out)
     _heading("Look further")
     print(f"  kvaudit tui {traces_dir}")
-    print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
+    print(f"  kvaudit audit {traces_dir} --format json    # every finding, with its trace, span and field values")
     print(f'  kvaudit sql {traces_dir} "SELECT replica, op, layout, used, count(*) FROM pages GROUP BY ALL"')
     print(f"  kvaudit sql {traces_dir} -q summary    # kvaudit queries lists the others")
     print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")

@@ -11,11 +11,13 @@ from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
     add_backend_option,
+    add_output_arguments,
     command_parser,
     open_backend,
+    row_limit,
     warn_backend_read_errors,
 )
-from kvaudit.present.rows import FORMATS, write_rows
+from kvaudit.present.rows import write_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="a named query's parameter (`bucket_s=300` sets kvaudit_bucket_s); repeatable",
     )
-    parser.add_argument("--format", choices=FORMATS, default="table")
+    add_output_arguments(parser)
     add_backend_option(parser)
     parser.set_defaults(run=run)
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     with open_backend(args.backend, paths) as backend:
         warn_backend_read_errors(backend)
         columns, rows = backend.query(query, parameters(args.param))
-    write_rows(columns, rows, args.format)
+    write_rows(columns, rows, args.format, limit=row_limit(args))
     return 0
 
 
