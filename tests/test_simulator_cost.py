@@ -11,7 +11,7 @@ import pytest
 from kvaudit.simulator.hardware import GPUS, GpuProfile, load_gpu
 from kvaudit.simulator.model import PRESETS, CostModel, ModelGeometry
 
-GEMMA2, GEMMA3, LLAMA = PRESETS["gemma-2-27b"], PRESETS["gemma-3-27b"], PRESETS["llama-3-70b"]
+GEMMA2, GEMMA3, LLAMA = PRESETS["gemma-2-27b"], PRESETS["gemma-3-27b"], PRESETS["llama-3.1-70b"]
 H100 = CostModel()  # H100 SXM, bf16, MFU 0.5
 PAGE = 256
 
@@ -25,6 +25,7 @@ PUBLISHED = {
         "num_key_value_heads": 16,
         "head_dim": 128,
         "sliding_window": 4096,
+        "max_position_embeddings": 8192,
         "vocab_size": 256000,
         "tie_word_embeddings": True,
         "layer_types": ["sliding_attention", "full_attention"],  # alternating, the first local
@@ -37,11 +38,12 @@ PUBLISHED = {
         "num_key_value_heads": 16,
         "head_dim": 128,
         "sliding_window": 1024,
+        "max_position_embeddings": 131072,
         "vocab_size": 262208,
         "tie_word_embeddings": True,
         "layer_types": 5 * ["sliding_attention"] + ["full_attention"],  # sliding_window_pattern 6
     },
-    "llama-3-70b": {
+    "llama-3.1-70b": {
         "num_hidden_layers": 80,
         "hidden_size": 8192,
         "intermediate_size": 28672,
@@ -49,6 +51,7 @@ PUBLISHED = {
         "num_key_value_heads": 8,
         "head_dim": 128,
         "sliding_window": None,
+        "max_position_embeddings": 131072,
         "vocab_size": 128256,
         "tie_word_embeddings": False,
         "layer_types": ["full_attention"],
@@ -77,7 +80,7 @@ def test_presets_match_the_published_configs(preset: str):
         config["num_key_value_heads"],
         config["head_dim"],
     )
-    assert model.sliding_window == config["sliding_window"]
+    assert (model.sliding_window, model.context_length) == (config["sliding_window"], config["max_position_embeddings"])
     letters = "".join("L" if kind == "sliding_attention" else "G" for kind in config["layer_types"])
     assert model.layer_pattern == letters
     # Parameters as counted from the config, within 0.5% (norms and biases left out).

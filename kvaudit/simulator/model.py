@@ -36,7 +36,8 @@ class ModelGeometry(msgspec.Struct, frozen=True, kw_only=True):
     params: parameters the prefill multiplies by (2 FLOPs each per token).
     layers [num_hidden_layers], kv_heads [num_key_value_heads], head_size [head_dim].
     query_heads [num_attention_heads]: None for as many as KV heads (multi-head attention).
-    hidden_size [hidden_size]: shown with the geometry; the cost model does not need it.
+    hidden_size [hidden_size], context_length [max_position_embeddings]: shown with the
+        geometry; the cost model does not need them.
     sliding_window [sliding_window]: the window, in tokens, of the local layers.
     layer_pattern: one letter per layer, repeated over the layers: G attends to every
         earlier position, L to its sliding window (Gemma-2: LG; Gemma-3: LLLLLG).
@@ -50,6 +51,7 @@ class ModelGeometry(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str = "bfloat16"
     query_heads: int | None = None
     hidden_size: int | None = None
+    context_length: int | None = None
     sliding_window: int | None = None
     layer_pattern: str = GLOBAL
 
@@ -152,6 +154,7 @@ PRESETS: Final[dict[str, ModelGeometry]] = {
         head_size=128,
         query_heads=32,
         hidden_size=4608,
+        context_length=8192,
         sliding_window=4096,
         layer_pattern=LOCAL + GLOBAL,
     ),
@@ -163,17 +166,20 @@ PRESETS: Final[dict[str, ModelGeometry]] = {
         head_size=128,
         query_heads=32,
         hidden_size=5376,
+        context_length=131072,
         sliding_window=1024,
         layer_pattern=5 * LOCAL + GLOBAL,
     ),
-    "llama-3-70b": ModelGeometry(
-        name="meta-llama/Meta-Llama-3-70B",
+    # Llama-3-70B has the same geometry with an 8,192-token window.
+    "llama-3.1-70b": ModelGeometry(
+        name="meta-llama/Llama-3.1-70B",
         params=70.6e9,
         layers=80,
         kv_heads=8,
         head_size=128,
         query_heads=64,
         hidden_size=8192,
+        context_length=131072,
     ),
 }
 
