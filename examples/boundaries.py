@@ -258,7 +258,7 @@ PUBLISHED = (
         1 / 0.13,
         1 / 0.13,
         "queued",
-        "ShareGPT multi-turn serving, 7B-70B models, KV in host DRAM and SSD",
+        "ShareGPT multi-turn serving, LLaMA, Falcon and Mistral models, KV in host DRAM and SSD",
         "llama-3.1-70b",
         "a100",
         ("chat",),
@@ -333,7 +333,7 @@ def _span(values: Sequence[float]) -> str:
 
 
 def _agreement(published: tuple[float, float], simulated: Sequence[float]) -> str:
-    """Published over simulated, nearest ends, where the ranges do not meet; "differs" beyond the agreement factor."""
+    """Published over simulated (nearest ends) where the ranges do not meet, marked beyond the agreement factor."""
     low, high = min(simulated), max(simulated)
     if published[1] < low:
         factor = published[1] / low
@@ -341,7 +341,7 @@ def _agreement(published: tuple[float, float], simulated: Sequence[float]) -> st
         factor = published[0] / high
     else:
         return "overlaps"
-    return f"{factor:.2f}" + (", differs" if max(factor, 1 / factor) > AGREEMENT else "")
+    return f"{factor:.2f}" + (f", beyond {AGREEMENT:g}×" if max(factor, 1 / factor) > AGREEMENT else "")
 
 
 def published(duration_s: float) -> Table:

@@ -214,3 +214,5 @@ def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     ]
     assert main(["simulate", "--out", str(out), "--fault", "raw-ptr:7"]) == 2
     assert "raw-ptr:7" in capsys.readouterr().err
+    assert main(["simulate", "--out", str(out), "--gpu", "a100", "--precision", "fp8"]) == 2
+    assert "no fp8 tensor cores" in capsys.readouterr().err

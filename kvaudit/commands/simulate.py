@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "simulate",
-        "Simulate replicas of a 27B model sharing a KV pool; write their traces and the injected faults.",
+        "Simulate replicas of a model sharing a KV pool; write their traces and the injected faults.",
         "kvaudit simulate --out sim-out --duration 300 --router prefix-aware --fault rolling-upgrade:150 --guard",
     )
     add_arguments(parser)

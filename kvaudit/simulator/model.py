@@ -201,7 +201,7 @@ class CostModel:
         gpu: the GPU profile the roofline runs on.
         mfu: model-FLOPs utilisation, the share of the peak rate prefill sustains.
         precision: of the weights and matrix multiplications (bf16 or fp8).
-        attention: False charges the linear FLOPs only (the model before issue #23).
+        attention: False charges the linear FLOPs only: prefill linear in prompt length.
         gpu_flops: an effective prefill rate (FLOP/s) replacing peak × MFU.
         pool_bytes_per_s: shared pool to GPU bandwidth (a 200 Gb/s network by default).
         local_bytes_per_s: the replica's local tier (host memory) to GPU; None: the GPU's host link.
@@ -226,8 +226,8 @@ class CostModel:
         self.gpu.peak_flops(self.precision)  # raises for a precision unknown or missing on this GPU
         if not 0 < self.mfu <= 1:
             raise ValueError(f"MFU {self.mfu:g}: expected a share in (0, 1]")
-        bandwidths = (self.pool_bytes_per_s, self.local_bytes_per_s or 1.0, self.gpu_flops or 1.0)
-        if min(bandwidths) <= 0 or min(self.pool_latency_s, self.local_latency_s, self.lookup_s) < 0:
+        rates = (self.pool_bytes_per_s, self.local_bytes_per_s or 1.0, self.gpu_flops or 1.0)
+        if min(rates) <= 0 or min(self.pool_latency_s, self.local_latency_s, self.lookup_s) < 0:
             raise ValueError("rates and bandwidths must be positive, latencies not negative")
 
     @property
