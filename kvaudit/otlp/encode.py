@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from google.protobuf import json_format
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -133,6 +134,16 @@ def _value(value: Any) -> s.AnyValue:
 
 def proto_to_line(message: trace_pb2.TracesData) -> bytes:
     """One OTLP JSON line for a `TracesData` or `ExportTraceServiceRequest` message."""
+    return resource_spans_to_line(message.resource_spans)
+
+
+def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) -> bytes:
+    """One OTLP JSON line holding these `ResourceSpans` (a receiver's group of one replica).
+
+    Each span is encoded as soon as it is built, so only one span's objects are alive
+    at a time: the receiver's peak memory per request is half what it was with the
+    whole request built first (bench/bench_receive.py).
+    """
     data = s.TracesData(
         [
             s.ResourceSpans(
@@ -140,14 +151,14 @@ def proto_to_line(message: trace_pb2.TracesData) -> bytes:
                 scopeSpans=[
                     s.ScopeSpans(
                         scope=s.Scope(ss.scope.name, ss.scope.version, _pb_attributes(ss.scope.attributes)),
-                        spans=[_pb_span(span) for span in ss.spans],
+                        spans=[msgspec.Raw(s.ENCODER.encode(_pb_span(span))) for span in ss.spans],
                         schemaUrl=ss.schema_url,
                     )
                     for ss in rs.scope_spans
                 ],
                 schemaUrl=rs.schema_url,
             )
-            for rs in message.resource_spans
+            for rs in resource_spans
         ]
     )
     return s.ENCODER.encode(data) + b"\n"
