@@ -134,16 +134,24 @@ def _value(value: Any) -> s.AnyValue:
 
 def proto_to_line(message: trace_pb2.TracesData) -> bytes:
     """One OTLP JSON line for a `TracesData` or `ExportTraceServiceRequest` message."""
-    return resource_spans_to_line(message.resource_spans)
+    return bytes(resource_spans_to_line(message.resource_spans))
 
 
-def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) -> bytes:
+def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) -> bytearray:
     """One OTLP JSON line holding these `ResourceSpans` (a receiver's group of one replica).
 
     Each span is encoded as soon as it is built, so only one span's objects are alive
-    at a time: the receiver's peak memory per request is half what it was with the
-    whole request built first (bench/bench_receive.py).
+    at a time, and the line is written into one buffer sized for it: the receiver's peak
+    memory per request stays near what its memory budget assumes (bench/bench_receive.py).
     """
+    encoded = 0
+
+    def span(pb_span: trace_pb2.Span) -> msgspec.Raw:
+        nonlocal encoded
+        raw = msgspec.Raw(s.ENCODER.encode(_pb_span(pb_span)))
+        encoded += len(raw)
+        return raw
+
     data = s.TracesData(
         [
             s.ResourceSpans(
@@ -151,7 +159,7 @@ def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) ->
                 scopeSpans=[
                     s.ScopeSpans(
                         scope=s.Scope(ss.scope.name, ss.scope.version, _pb_attributes(ss.scope.attributes)),
-                        spans=[msgspec.Raw(s.ENCODER.encode(_pb_span(span))) for span in ss.spans],
+                        spans=[span(pb_span) for pb_span in ss.spans],
                         schemaUrl=ss.schema_url,
                     )
                     for ss in rs.scope_spans
@@ -161,7 +169,10 @@ def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) ->
             for rs in resource_spans
         ]
     )
-    return s.ENCODER.encode(data) + b"\n"
+    line = bytearray(encoded + 4096)  # the spans and what frames them: no growing by doubling
+    s.ENCODER.encode_into(data, line)
+    line += b"\n"
+    return line
 
 
 def _pb_span(span: trace_pb2.Span) -> s.Span:
