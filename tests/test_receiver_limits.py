@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -289,6 +290,31 @@ def test_a_slow_body_is_answered_408_at_the_read_deadline(make_receiver: MakeRec
     assert server.budget.used == 0
 
 
+def test_a_sender_reset_mid_body_gives_its_reservation_back_and_is_no_write_failure(
+    make_receiver: MakeReceiver, caplog: pytest.LogCaptureFixture
+):
+    server = make_receiver().start()
+    sock = socket.create_connection(("127.0.0.1", _port(server)), timeout=10)
+    sock.sendall(
+        f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\nContent-Length: {MiB}\r\n\r\n".encode()
+    )
+    sock.sendall(b"\x0a" * 1000)
+    deadline = time.monotonic() + 10
+    while not server.budget.used:
+        assert time.monotonic() < deadline, "the request never reserved its body"
+        time.sleep(0.01)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with caplog.at_level(logging.WARNING):
+        sock.close()  # a reset, not an orderly end
+        deadline = time.monotonic() + 10
+        while server.budget.used:
+            assert time.monotonic() < deadline, "the reset request's reservation was never given back"
+            time.sleep(0.01)
+        assert post(_port(server), body_of(("r1", 1)))[0] == 200
+    assert server.sink.stats.write_failures == 0
+    assert not caplog.records
+
+
 def test_idle_connections_are_closed(make_receiver: MakeReceiver):
     server = make_receiver(read_header_timeout_s=1.0, idle_timeout_s=1.0).start()
     with socket.create_connection(("127.0.0.1", _port(server)), timeout=10) as silent:
@@ -359,6 +385,16 @@ def test_open_files_are_bounded_least_recently_used_closed_and_reopened(make_rec
     lines = {path.stem: path.read_bytes().count(b"\n") for path in directory.iterdir()}
     assert len(lines) == 300 and lines["replica-0"] == 2
     assert all(count == 1 for name, count in lines.items() if name != "replica-0")
+
+
+def test_a_file_deleted_under_the_receiver_is_reopened_and_its_spans_counted_lost(make_receiver: MakeReceiver):
+    server = make_receiver().start()
+    path = server.sink.directory / "r1.jsonl"
+    assert post(_port(server), body_of(("r1", 3)))[0] == 200
+    path.unlink()
+    assert post(_port(server), body_of(("r1", 2)))[0] == 200
+    assert server.sink.lost_spans == 3
+    assert _pages_on_disk(server.sink.directory) == [("r1", 2)]
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from kvaudit.emit.line_file import NO_SPACE_ERRNOS
 from kvaudit.receive.http_security import SecureServerMixin, ServerSecurity
-from kvaudit.receive.memory_budget import BudgetExceededError, MemoryBudget
+from kvaudit.receive.memory_budget import BudgetExceededError, MemoryBudget, Reservation
 from kvaudit.receive.request_body import JSON, PROTOBUF, BadRequestError, decode_body
-from kvaudit.receive.trace_sink import TraceSink
+from kvaudit.receive.trace_sink import TraceSink, WriteResult
 
 logger = logging.getLogger(__name__)
 
@@ -153,43 +153,38 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server
         stats = server.sink.stats
         if self.path.split("?")[0] != TRACES_PATH:
-            self._refuse(HTTPStatus.NOT_FOUND, f"only {TRACES_PATH} is served")
+            self._reply(HTTPStatus.NOT_FOUND, f"only {TRACES_PATH} is served", close=True)
             return
         bearer = server.security.bearer
         if bearer is not None and not bearer.accepts(self.headers.get("Authorization")):
             stats.add(unauthorized=1)
-            self._refuse(HTTPStatus.UNAUTHORIZED, "a bearer token is required", {"WWW-Authenticate": "Bearer"})
+            self._reply(
+                HTTPStatus.UNAUTHORIZED, "a bearer token is required", {"WWW-Authenticate": "Bearer"}, close=True
+            )
             return
         length = self._content_length()
         if length is None:
             return
-        reservation = server.budget.reservation()
         try:
-            reservation.grow(length)
-            body = self._read_body(length)
-            if body is None:
-                return
-            request = decode_body(
-                body,
-                self.headers.get("Content-Type", ""),
-                self.headers.get("Content-Encoding", ""),
-                server.limits.max_body,
-                reservation,
-            )
-            del body
-            result = server.sink.write(request)
+            # Given back before the answer goes out: a client that has its answer finds the budget free.
+            with server.budget.reservation() as reservation:
+                result = self._receive(length, reservation)
+        except TimeoutError:
+            self._reply(HTTPStatus.REQUEST_TIMEOUT, "body not received in time", close=True)
+            return
         except BudgetExceededError as exc:
             if exc.whole:
                 stats.add(rejected=1)
-                self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request too large for the receiver: {exc}")
+                message = f"request too large for the receiver: {exc}"
+                self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message, close=True)
             else:
                 stats.add(refused=1)
                 message = f"memory budget exhausted: {exc}"
-                self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, message, retry_after=RETRY_AFTER_BUSY_S)
+                self._reply(HTTPStatus.SERVICE_UNAVAILABLE, message, retry_after=RETRY_AFTER_BUSY_S, close=True)
             return
         except BadRequestError as exc:
             stats.add(rejected=1)
-            self._refuse(exc.status, str(exc))
+            self._reply(exc.status, str(exc), close=True)
             return
         except OSError as exc:
             stats.add(write_failures=1)
@@ -201,46 +196,75 @@ class _Handler(BaseHTTPRequestHandler):
                 retry_after=RETRY_AFTER_NO_SPACE_S if no_space else RETRY_AFTER_BUSY_S,
             )
             return
-        finally:
-            reservation.release()
+        if result is None:
+            return
         if result.rejected_spans and not result.spans:
             stats.add(rejected=1)
             self._reply(HTTPStatus.BAD_REQUEST, result.message)
             return
         self._acknowledge(result.rejected_spans, result.message)
 
+    def _receive(self, length: int, reservation: Reservation) -> WriteResult | None:
+        """Read, decode and write the request (its memory reserved as it goes); None when the peer left mid-body.
+
+        Raises:
+            TimeoutError: the body did not arrive by the read deadline.
+            BudgetExceededError, BadRequestError: refused (nothing written).
+            OSError: the write failed (nothing written).
+        """
+        reservation.grow(length)
+        body = self._read_body(length)
+        if body is None:
+            return None
+        request = decode_body(
+            body,
+            self.headers.get("Content-Type", ""),
+            self.headers.get("Content-Encoding", ""),
+            self.server.limits.max_body,
+            reservation,
+        )
+        del body
+        return self.server.sink.write(request)
+
     def do_GET(self) -> None:
-        self._refuse(HTTPStatus.METHOD_NOT_ALLOWED, "POST trace data to /v1/traces")
+        self._reply(HTTPStatus.METHOD_NOT_ALLOWED, "POST trace data to /v1/traces", close=True)
 
     def _content_length(self) -> int | None:
         """The body's length, or None after refusing the request."""
         if self.headers.get("Transfer-Encoding"):
-            self._refuse(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted: send Content-Length")
+            self._reply(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted: send Content-Length", close=True)
             return None
         values = {value.strip() for value in self.headers.get_all("Content-Length", [])}
         if not values:
-            self._refuse(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
+            self._reply(HTTPStatus.LENGTH_REQUIRED, "Content-Length required", close=True)
             return None
         value = values.pop()
         if values or not _LENGTH.fullmatch(value):
             self.server.sink.stats.add(rejected=1)
-            self._refuse(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
+            self._reply(HTTPStatus.BAD_REQUEST, "invalid Content-Length", close=True)
             return None
         length = int(value)
         if length > self.server.limits.max_body:
             self.server.sink.stats.add(rejected=1)
-            self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body larger than {self.server.limits.max_body} bytes")
+            self._reply(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body larger than {self.server.limits.max_body} bytes", close=True
+            )
             return None
         return length
 
     def _read_body(self, length: int) -> bytes | None:
-        """The body, read before the request's deadline; None after answering a slow or short one."""
+        """The body, read before the request's deadline; None when the peer left before sending it all.
+
+        Raises:
+            TimeoutError: it did not arrive in time.
+        """
         self._reader.deadline = self._started + self.server.limits.read_timeout_s
         try:
             body = self.rfile.read(length)
         except TimeoutError:
-            self._refuse(HTTPStatus.REQUEST_TIMEOUT, "body not received in time")
-            return None
+            raise  # answered 408 by do_POST; a TimeoutError is an OSError too, not a peer gone
+        except OSError:  # reset by the peer
+            body = b""
         if len(body) < length:
             self.close_connection = True  # the peer is gone; nothing to answer
             return None
@@ -257,18 +281,6 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.OK, PROTOBUF, response.SerializeToString())
 
-    def _refuse(
-        self,
-        status: HTTPStatus,
-        message: str,
-        headers: dict[str, str] | None = None,
-        *,
-        retry_after: int | None = None,
-    ) -> None:
-        """Answer without reading the body, and close: what is left of it is not read."""
-        self.close_connection = True
-        self._reply(status, message, headers, retry_after=retry_after)
-
     def _reply(
         self,
         status: HTTPStatus,
@@ -276,8 +288,12 @@ class _Handler(BaseHTTPRequestHandler):
         headers: dict[str, str] | None = None,
         *,
         retry_after: int | None = None,
+        close: bool = False,
     ) -> None:
+        """Answer with a plain message; `close` when the body was not read (what is left of it never will be)."""
         # OTLP/HTTP answers errors with a google.rpc.Status; a plain message is what people read.
+        if close:
+            self.close_connection = True
         extra = dict(headers or {})
         if retry_after is not None:
             extra["Retry-After"] = str(retry_after)
