@@ -32,7 +32,8 @@ from pathlib import Path
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bench.common import KV, env_int, machine, page, report
 from kvaudit.contract import Hook, Op, Outcome
@@ -50,20 +51,8 @@ GZIP_CLIENTS = 8
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
 
-class _Keep(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def export(self, spans):  # type: ignore[no-untyped-def]
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-
 def _spans(replica: str, count: int, pages: int) -> list[ReadableSpan]:
-    keep = _Keep()
+    keep = InMemorySpanExporter()
     emitter = Emitter(replica_resource(replica, kv=KV), SpanBatcher(keep, max_queue=count + 8))
     descriptors = [page(i) for i in range(pages)]
     for n in range(count):
@@ -72,7 +61,7 @@ def _spans(replica: str, count: int, pages: int) -> list[ReadableSpan]:
                 op.add_page(descriptor)
             op.end(Outcome.HIT)
     emitter.flush()
-    return [span for span in keep.spans if span.name != "kvaudit.telemetry"]
+    return [span for span in keep.get_finished_spans() if span.name != "kvaudit.telemetry"]
 
 
 class _Receiver:

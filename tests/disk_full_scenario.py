@@ -20,7 +20,8 @@ from pathlib import Path
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvaudit.analyse.audit import run_audit
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
@@ -33,18 +34,6 @@ from kvaudit.receive.trace_sink import TraceSink
 FILE_SIZE_LIMIT = 256 * 1024
 
 
-class _Keep(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def export(self, spans):  # type: ignore[no-untyped-def]
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-
 def _operation(emitter: Emitter, n: int) -> None:
     with emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR, request_id=f"q{n}") as op:
         for i in range(8):
@@ -53,12 +42,12 @@ def _operation(emitter: Emitter, n: int) -> None:
 
 
 def _spans(replica: str, first: int, count: int) -> list[ReadableSpan]:
-    keep = _Keep()
+    keep = InMemorySpanExporter()
     emitter = Emitter(replica_resource(replica), SpanBatcher(keep, max_queue=count + 8))
     for n in range(first, first + count):
         _operation(emitter, n)
     emitter.flush()
-    return [span for span in keep.spans if span.name != "kvaudit.telemetry"]
+    return [span for span in keep.get_finished_spans() if span.name != "kvaudit.telemetry"]
 
 
 class Disk:

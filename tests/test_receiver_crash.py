@@ -19,6 +19,7 @@ from pathlib import Path
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import Emitter, replica_resource
@@ -26,7 +27,6 @@ from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 
 from .conftest import full_page
-from .otlp_requests import Keep
 from .servers import free_port
 
 CLIENTS = 40
@@ -35,7 +35,7 @@ SPANS_PER_BATCH = 5
 
 
 def _batches(client: int) -> list[list[ReadableSpan]]:
-    keep = Keep()
+    keep = InMemorySpanExporter()
     emitter = Emitter(replica_resource(f"r{client % 8}"), SpanBatcher(keep, max_queue=BATCHES * SPANS_PER_BATCH + 8))
     for batch in range(BATCHES):
         for i in range(SPANS_PER_BATCH):
@@ -43,7 +43,7 @@ def _batches(client: int) -> list[list[ReadableSpan]]:
                 op.add_page(full_page(f"{client:016x}{batch:016x}{i:032x}", used=True))
                 op.end(Outcome.HIT, tokens_hit=32)
     emitter.flush()
-    spans = [span for span in keep.spans if span.name != "kvaudit.telemetry"]
+    spans = [span for span in keep.get_finished_spans() if span.name != "kvaudit.telemetry"]
     return [spans[b * SPANS_PER_BATCH : (b + 1) * SPANS_PER_BATCH] for b in range(BATCHES)]
 
 
