@@ -137,6 +137,8 @@ class LineFile:
             self._open()
         if self._cut_pending:
             self._cut_back(self._whole)
+            if self._cut_pending:  # the fragment is still there: appending now would merge onto it
+                raise OSError(errno.EIO, f"{self.path}: a failed write could not be cut back yet")
 
     def _open(self) -> None:
         self._requested.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +172,9 @@ class LineFile:
         self._close_fd()
 
     def _cut_back(self, size: int) -> None:
+        """Truncate the file to `size`, the end of its last whole line (also what the next write starts from)."""
         self.stats.cut_backs += 1
+        self._whole = size
         try:
             os.ftruncate(self._fd, size)
             self._cut_pending = False
