@@ -25,7 +25,15 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvaudit.analyse.audit import run_audit
 from kvaudit.contract import Hook, Op, Outcome, TelemetryAttr
-from kvaudit.emit.emitter import ENV_SHUTDOWN_TIMEOUT, Emitter, exporter_for, replica_resource, setup_emitter
+from kvaudit.emit.emitter import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    ENV_SHUTDOWN_TIMEOUT,
+    Emitter,
+    exporter_for,
+    replica_resource,
+    setup_emitter,
+    shutdown_timeout_from_env,
+)
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
@@ -175,6 +183,17 @@ def test_shutdown_is_bounded_against_a_hanging_endpoint_and_counts_what_it_could
     stats = emitter.stats
     assert stats.exported_spans == 0 and stats.dropped_spans >= 465  # every queued span counted
     assert "(at shutdown)" in capfd.readouterr().err
+
+
+def test_a_bad_shutdown_timeout_setting_is_warned_and_the_default_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    monkeypatch.setenv(ENV_SHUTDOWN_TIMEOUT, "forever")
+    with caplog.at_level(logging.WARNING):
+        assert shutdown_timeout_from_env() == DEFAULT_SHUTDOWN_TIMEOUT_S
+    assert f"{ENV_SHUTDOWN_TIMEOUT}='forever' ignored" in caplog.text
+    monkeypatch.setenv(ENV_SHUTDOWN_TIMEOUT, "250ms")
+    assert shutdown_timeout_from_env() == 0.25
 
 
 def test_a_refused_endpoint_is_counted_and_never_raised(capfd: pytest.CaptureFixture[str]):

@@ -498,3 +498,28 @@ def test_tls_and_bearer_token_with_the_official_exporter(make_receiver: MakeRece
     # Plain HTTP to the TLS port: no answer, and the receiver serves on.
     raw_exchange(_port(server), b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert server.sink.stats.requests == 1
+
+
+def test_a_client_ca_requires_client_certificates_it_signed(make_receiver: MakeReceiver, tmp_path: Path):
+    server_cert, server_key = self_signed_certificate(tmp_path)
+    (tmp_path / "client").mkdir()
+    client_cert, client_key = self_signed_certificate(tmp_path / "client")
+    (tmp_path / "stranger").mkdir()
+    stranger_cert, stranger_key = self_signed_certificate(tmp_path / "stranger")
+    # The client's self-signed certificate is its own CA: tls.client_ca_file names it.
+    security = ServerSecurity(ServerTLS(str(server_cert), str(server_key), str(client_cert)))
+    server = make_receiver(security=security).start()
+    endpoint = f"{server.url}/v1/traces"
+    clients = (("r1", client_cert, client_key), ("r2", stranger_cert, stranger_key), ("r3", None, None))
+    for replica, cert, key in clients:
+        exporter = OTLPSpanExporter(
+            endpoint=endpoint,
+            certificate_file=str(server_cert),
+            client_certificate_file=cert and str(cert),
+            client_key_file=key and str(key),
+            timeout=10 if replica == "r1" else 2,  # a refused handshake is retried until the timeout
+        )
+        expected = SpanExportResult.SUCCESS if replica == "r1" else SpanExportResult.FAILURE
+        assert exporter.export(spans_of(replica, 1)) is expected
+        exporter.shutdown()
+    assert _pages_on_disk(server.sink.directory) == [("r1", 1)]
