@@ -1,16 +1,32 @@
-"""`kvaudit exporter`: serve figures derived from trace files (or ClickHouse) on /metrics for Prometheus."""
+"""`kvaudit exporter`: serve figures derived from trace files (or ClickHouse) on /metrics for Prometheus.
+
+prometheus_client's `start_http_server` has TLS but no authentication, and shakes hands
+on the thread that accepts connections; this serves the same WSGI app on kvaudit's
+server pieces instead: TLS on each connection's own thread, and the bearer token
+checked before the figures are computed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import socket
+import sys
 import threading
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from kvaudit.backends import Backend
 from kvaudit.commands.arguments import TRACE_PATHS_HELP, add_input_arguments, command_parser, open_backend
+from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.present.metrics import TraceMetrics
+from kvaudit.receive.http_security import BearerToken, SecureServerMixin, ServerSecurity
+
+# A scrape that stalls (or a client that connects and says nothing) gives up its thread after this.
+SCRAPE_IO_TIMEOUT_S = 30.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,21 +39,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input_arguments(parser, paths_help=f"{TRACE_PATHS_HELP} (trace files are read as they grow)")
     parser.add_argument("--port", type=int, default=9464, help="port to listen on (default 9464, 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    add_tls_auth_arguments(parser)
     parser.set_defaults(run=run)
 
 
-def serve(backend: Backend, host: str, port: int, *, skew_s: float = 1.0) -> tuple[WSGIServer, int]:
-    """Start serving /metrics in a background thread; returns the server and its port."""
+class _MetricsServer(SecureServerMixin, ThreadingWSGIServer):
+    handshake_timeout_s = SCRAPE_IO_TIMEOUT_S
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = SCRAPE_IO_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        """Scrapes are not logged."""
+
+
+def serve(
+    backend: Backend, host: str, port: int, *, skew_s: float = 1.0, security: ServerSecurity | None = None
+) -> tuple[WSGIServer, int]:
+    """Start serving /metrics in a background thread; returns the server and its port.
+
+    Raises:
+        OSError: the address cannot be bound, or the TLS certificate or key cannot be loaded.
+    """
+    security = security or ServerSecurity()
     registry = CollectorRegistry()
     registry.register(TraceMetrics(backend, skew_s=skew_s))
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    app = make_wsgi_app(registry)
+    if security.bearer is not None:
+        app = _bearer_required(app, security.bearer)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
+    server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    server.tls_context = security.tls.context() if security.tls else None  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, name="kvaudit-exporter-http", daemon=True).start()
     return server, server.server_port
 
 
+def _bearer_required(app: Callable[..., Iterable[bytes]], bearer: BearerToken) -> Callable[..., Iterable[bytes]]:
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if bearer.accepts(environ.get("HTTP_AUTHORIZATION")):
+            return app(environ, start_response)
+        start_response(
+            "401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"), ("WWW-Authenticate", "Bearer")]
+        )
+        return [b"a bearer token is required\n"]
+
+    return guarded
+
+
 def run(args: argparse.Namespace) -> int:
+    security = server_security(args)
     backend = open_backend(args.backend, args.paths, live=True)  # queried at every scrape
     backend.refresh(final=False)  # what is there now, before the first scrape
-    _, port = serve(backend, args.host, args.port, skew_s=args.skew)
-    print(f"kvaudit exporter: serving http://{args.host}:{port}/metrics", flush=True)
+    _, port = serve(backend, args.host, args.port, skew_s=args.skew, security=security)
+    print(f"kvaudit exporter: serving {security.scheme}://{args.host}:{port}/metrics", flush=True)
+    warning = exposure_warning(args.host, security)
+    if warning:
+        print(f"kvaudit exporter: warning: {warning}", file=sys.stderr, flush=True)
     threading.Event().wait()  # the server thread serves until Ctrl-C
     return 0
