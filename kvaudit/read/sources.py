@@ -12,12 +12,16 @@ protobuf) is not read: the file is named with the reason (docs/design.md section
 
 from __future__ import annotations
 
+import io
 import re
 import zlib
 from collections.abc import Iterator
 from typing import BinaryIO, Final
 
-import pyarrow as pa
+try:  # the standard library's from Python 3.14
+    from compression import zstd  # type: ignore[import-not-found]
+except ImportError:
+    from backports import zstd
 
 SNIFF_BYTES: Final = 4096  # what is looked at to tell a file's kind
 GZIP: Final = "gzip"
@@ -31,7 +35,7 @@ _CONTROL: Final = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _DOCUMENT_START: Final = re.compile(rb"[ \t\r\n]*\{[ \t\r]*\n[ \t\r\n]*[ \t]+[\"}]")
 # ... and ends at a line holding only its closing brace.
 DOCUMENT_END: Final = re.compile(rb"\n\}[ \t\r]*(?=\n)")
-_READ_BYTES: Final = 1 << 20  # decompressed per call: at most this much is lost to a truncated zstd stream
+_READ_BYTES: Final = 1 << 20  # read, and decompressed, per call
 
 
 class CompressedDataError(ValueError):
@@ -69,7 +73,8 @@ def not_json(head: bytes) -> str | None:
 
 
 def decompress(file: BinaryIO, compression: str) -> Iterator[bytes]:
-    """The text of a compressed file, in blocks as it is decompressed.
+    """The text of a compressed file, in blocks as it is decompressed: all of it that can
+    be, up to where the data ends (a writer may be in the middle of a member or frame).
 
     Raises:
         CompressedDataError: after the last whole block, when the data ends early or is corrupt.
@@ -77,14 +82,14 @@ def decompress(file: BinaryIO, compression: str) -> Iterator[bytes]:
     if compression == GZIP:
         yield from _gunzip(file)
     elif compression == ZSTD:
-        yield from _unzstd(pa.PythonFile(file, mode="r"))
+        yield from _unzstd(file)
     else:
         yield from _zstd_frames(file)
 
 
 def _gunzip(file: BinaryIO) -> Iterator[bytes]:
-    """Every gzip member, one after the other, in bounded blocks (zlib, unlike Arrow, hands
-    over what it could decompress of a truncated member)."""
+    """Every gzip member, one after the other, in bounded blocks (zlib hands over what it
+    could decompress of a member cut short)."""
     inflater, fed = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), False
     while block := file.read(_READ_BYTES):
         while block:
@@ -106,13 +111,30 @@ def _gunzip(file: BinaryIO) -> Iterator[bytes]:
         raise CompressedDataError("gzip data ends mid-member (truncated?)")
 
 
-def _unzstd(stream: pa.NativeFile) -> Iterator[bytes]:
-    try:
-        with pa.CompressedInputStream(stream, ZSTD) as text:
-            while block := text.read(_READ_BYTES):
-                yield block
-    except OSError as exc:
-        raise CompressedDataError(f"zstd data {str(exc).lower()} (truncated or corrupt?)") from None
+def _unzstd(file: BinaryIO) -> Iterator[bytes]:
+    """Every zstd frame, one after the other, in bounded blocks: of a frame cut short (the
+    Collector keeps one open between its flushes), every whole block it holds."""
+    inflater, fed = zstd.ZstdDecompressor(), False
+    while block := file.read(_READ_BYTES):
+        while True:
+            fed = True
+            try:
+                text = inflater.decompress(block, _READ_BYTES)
+            except zstd.ZstdError as exc:
+                raise CompressedDataError(f"corrupt zstd data: {exc}") from None
+            if text:
+                yield text
+            if inflater.eof:  # the next frame
+                block = inflater.unused_data
+                inflater, fed = zstd.ZstdDecompressor(), False
+                if not block:
+                    break
+            elif inflater.needs_input:
+                break
+            else:  # more of what it was given, past `_READ_BYTES`
+                block = b""
+    if fed and not inflater.eof:
+        raise CompressedDataError("zstd data ends mid-frame (truncated?)")
 
 
 def _zstd_frames(file: BinaryIO) -> Iterator[bytes]:
@@ -124,4 +146,4 @@ def _zstd_frames(file: BinaryIO) -> Iterator[bytes]:
             raise CompressedDataError("a length-prefixed zstd frame ends early (truncated?)")
         if not frame.startswith(_ZSTD_MAGIC):
             raise CompressedDataError("a length-prefixed frame that is not zstd")
-        yield b"".join(_unzstd(pa.BufferReader(frame))) + b"\n"
+        yield b"".join(_unzstd(io.BytesIO(frame))) + b"\n"
