@@ -37,6 +37,8 @@ FINGERPRINT_BYTES: Final = sources.SNIFF_BYTES
 # The longest line (or document) read; a longer one is named and skipped unread, so that one
 # line cannot take the reader's memory. kvaudit's own writers rotate files at this size.
 MAX_LINE_BYTES: Final = int(os.environ.get("KVAUDIT_MAX_LINE_BYTES", 256 * 1024 * 1024))
+# OTLP JSON compresses 10-30 times: the least of that is taken as a compressed file's text.
+COMPRESSION_RATIO: Final = 10
 _SEARCH_BYTES: Final = 1024 * 1024  # read at a time when looking for the end of a line
 # What a directory holds that is read: OTLP JSON (`*.json`, `*.jsonl`, ...) and compressed files.
 _TRACE_NAME: Final = re.compile(r".*\.json.*|.*\.(gz|zst|zstd)")
@@ -129,8 +131,10 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]], *, missing_ok: bool = 
     return list(dict.fromkeys(files))
 
 
-def pending_bytes(files: Sequence[str], cursors: Cursors) -> int:
-    """About how many bytes of `files` a read would still decode (for progress bars)."""
+def pending_bytes(files: Sequence[str], cursors: Cursors, *, text: bool = False) -> int:
+    """About how many bytes of `files` a read would still decode: bytes on disk (for
+    progress bars), or with `text` bytes of text, a compressed file's taken to be
+    COMPRESSION_RATIO times its size (to tell how large a read is, see `reader`)."""
     total = 0
     for path in files:
         try:
@@ -139,10 +143,20 @@ def pending_bytes(files: Sequence[str], cursors: Cursors) -> int:
             continue
         cursor = cursors.files.get((st.st_dev, st.st_ino))
         if cursor is None or cursor.compression:
-            total += st.st_size if cursor is None or _changed(cursor, st) else 0
+            size = st.st_size if cursor is None or _changed(cursor, st) else 0
+            compressed = cursor.compression if cursor is not None else text and _compression_of(path)
+            total += size * COMPRESSION_RATIO if text and compressed else size
         else:
             total += max(st.st_size - cursor.offset, 0)
     return total
+
+
+def _compression_of(path: str) -> str:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return sources.compression_of(f.read(8))
+    except OSError:
+        return ""  # named when it is read
 
 
 def _changed(cursor: Cursor, st: os.stat_result) -> bool:

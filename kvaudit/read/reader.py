@@ -207,13 +207,13 @@ def _read_units(pieces: Sequence[Piece], data: bytearray, units: list[_Unit], ro
         for k in np.flatnonzero(spaced).tolist():
             originals[k] = bytes(view[units[k].first : units[k].last])
         if originals:
-            page_scan.compact(buf, starts[spaced], ends[spaced])
+            ends[spaced] = page_scan.compact(buf, starts[spaced], ends[spaced])
         scanned = page_scanner().scan(buf, starts, ends)
     lines: list[DecodedLine] = []
     for k, unit in enumerate(units):
         line = DecodedLine(pieces[unit.piece].path, (pieces[unit.piece].base_line or 0) + unit.number, k)
         if scanned is not None and scanned.spans[k] >= 0:
-            head = scanned.head(k, view, unit.first, unit.last)
+            head = scanned.head(k, view, unit.first, int(ends[k]))
             if read_line(rows, line, head, HEAD_DECODER, unit.cut) is None and len(line.spans) == scanned.spans[k]:
                 line.scanned = k
                 lines.append(line)
@@ -330,7 +330,7 @@ def read_files(
     """
     cursors = Cursors() if cursors is None else cursors
     workers = max(workers or os.cpu_count() or 1, 1)
-    scan = pending_bytes(files, cursors) >= SCAN_MIN_BYTES
+    scan = pending_bytes(files, cursors, text=True) >= SCAN_MIN_BYTES
     if scan:
         page_scanner().compile()  # once, before the threads want it
     parts: list[Tables] = []
