@@ -27,11 +27,11 @@ LATEST_TIME = "2262-04-11T23:47:16.854775807Z"
 
 
 @functools.cache
-def _good_lines() -> tuple[bytes, ...]:
+def _good_lines(count: int) -> tuple[bytes, ...]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "good.jsonl"
         emitter = setup_emitter("r1", f"file:{path}", engine="vllm", kv=KV, export_delay_s=0.01)
-        for n in range(LINES):
+        for n in range(count):
             with emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id=f"q{n}") as op:
                 op.add_page(full_page(f"{n:064x}", n))
                 op.end(Outcome.HIT)
@@ -40,9 +40,9 @@ def _good_lines() -> tuple[bytes, ...]:
         return tuple(path.read_bytes().splitlines(keepends=True))
 
 
-def good_lines() -> list[bytes]:
-    """LINES lines of OTLP JSON as kvaudit writes them: one store span of one page each."""
-    return list(_good_lines())
+def good_lines(count: int = LINES) -> list[bytes]:
+    """Lines of OTLP JSON as kvaudit writes them: one store span of one page each (request q<n>)."""
+    return list(_good_lines(count))
 
 
 def _edited(line: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:

@@ -149,6 +149,42 @@ def test_every_command_works_on_hostile_traces(
         assert f"{CASES[0].name}.jsonl:2: bad value: startTimeUnixNano" in err
 
 
+# The issue's own reproduction: one span with an unsigned 64-bit start time, one line whose
+# `intValue` is "sixteen", in a directory of good lines.
+ISSUE_CASES = {case.name: case for case in CASES if case.name in ("start-time-unsigned", "span-int-word")}
+
+
+@pytest.fixture(scope="module")
+def two_bad_lines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("issue17") / "traces"
+    directory.mkdir()
+    for case in ISSUE_CASES.values():
+        case.write(directory)
+    return directory
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_names_a_u64_time_and_a_word_for_an_integer(
+    command: str, two_bad_lines: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    argv, status = COMMANDS[command]
+    assert main([arg.format(dir=two_bad_lines, tmp=tmp_path) for arg in argv]) == status
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    named = {
+        f"{two_bad_lines / (name + '.jsonl')}:{case.error[0]}: {case.error[1]}" for name, case in ISSUE_CASES.items()
+    }
+    if command in ("audit", "tui --snapshot"):  # named as findings, with their file and line
+        lines = out.splitlines() if command == "audit" else []
+        findings = [json.loads(line) for line in lines] or json.loads(out)["findings"]
+        shown = {f"{f['file']}:{f['line']}: {f['message'].removeprefix('unreadable trace line: ')}" for f in findings}
+        assert named <= shown
+    else:
+        assert {line.removeprefix("kvaudit: ") for line in err.splitlines()} >= named
+    if command == "sql":
+        assert out.split() == ["pages", str(2 * (LINES - 1))]
+
+
 def test_metrics_are_scraped_from_hostile_traces_as_they_grow(corpus: Path, tmp_path: Path):
     """`kvaudit exporter`: a scrape reads what is new first (`refresh(final=False)`)."""
     directory = Path(shutil.copytree(corpus, tmp_path / "traces"))

@@ -7,6 +7,7 @@ the last ingest into it: how far each file was read is kept there (`kvaudit.read
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -55,8 +56,15 @@ def run(args: argparse.Namespace) -> int:
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())
-        tables = store.refresh(progress=lambda n: progress.advance(task, n))
+        # Complete lines only: a writer may be in the middle of the last one, which the next
+        # ingest reads once it is whole (read now, it would be lost as two broken halves).
+        tables = store.refresh(final=False, progress=lambda n: progress.advance(task, n))
     warn_read_errors([(row["file"], row["line"], row["reason"]) for row in tables.errors.to_pylist()])
+    for cursor in store.cursors.files.values():
+        if not cursor.whole and cursor.not_json is None:
+            print(
+                f"kvaudit ingest: {cursor.path} ends in an unterminated line: left for the next ingest", file=sys.stderr
+            )
     if args.parquet is not None:
         added = sum(table.num_rows for table in tables.by_name().values())
         if added or not parquet.is_dataset(args.parquet):
