@@ -102,28 +102,23 @@ def test_kvaudits_own_rotation_never_counts_a_line_twice(tmp_path: Path):
     assert _counts(backend) == (LINES, LINES)
 
 
-def test_a_file_rewritten_in_place_is_read_from_its_start(tmp_path: Path):
-    """Same inode, other first bytes: another file (its fingerprint says so), rows of the old kept."""
+@pytest.mark.parametrize("truncated", [False, True], ids=["rewritten-in-place", "truncated-and-refilled"])
+def test_a_file_rewritten_is_read_from_its_start(tmp_path: Path, truncated: bool):
+    """Same inode, other first bytes (its fingerprint says so) or fewer bytes: another
+    file, read from its start; the rows of the old one kept."""
     lines = good_lines(LINES)
     path = tmp_path / "r1.jsonl"
     path.write_bytes(b"".join(lines[:3]))
     backend = _live([tmp_path])
     assert _counts(backend) == (3, 3)
     inode = path.stat().st_ino
-    with path.open("r+b") as f:  # no truncation: the same inode, now longer
-        f.write(b"".join(lines[3:8]))
+    if truncated:
+        path.write_bytes(b"".join(lines[3:5]))  # shorter than it was
+    else:
+        with path.open("r+b") as f:  # no truncation, now longer
+            f.write(b"".join(lines[3:8]))
     assert path.stat().st_ino == inode
-    assert _counts(backend) == (8, 8)
-
-
-def test_a_file_truncated_and_refilled_is_read_from_its_start(tmp_path: Path):
-    lines = good_lines(LINES)
-    path = tmp_path / "r1.jsonl"
-    path.write_bytes(b"".join(lines[:5]))
-    backend = _live([tmp_path])
-    assert _counts(backend) == (5, 5)
-    path.write_bytes(b"".join(lines[5:7]))
-    assert _counts(backend) == (7, 7)
+    assert _counts(backend) == ((5, 5) if truncated else (8, 8))
 
 
 def test_a_named_file_between_rotations_is_no_error(tmp_path: Path):

@@ -160,6 +160,18 @@ def test_a_truncated_compressed_file_keeps_its_whole_lines_and_is_named(compress
     assert all(number > read[-1] for number, _ in errors[:-1])  # at most the line cut short besides
 
 
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_corrupt_compressed_file_keeps_what_came_before_and_is_named(compression: str, tmp_path: Path):
+    lines = good_lines(LINES)
+    first = gzip.compress(b"".join(lines[:3])) if compression == "gzip" else _zstd(b"".join(lines[:3]))
+    path = tmp_path / "corrupt.json.gz"
+    path.write_bytes(first + first[:10] + bytes(range(256)) * 4)  # a second member or frame, then garbage
+    tables = reader.read_files([str(path)])
+    [error] = tables.errors.to_pylist()
+    assert (error["line"], error["reason"].split(":")[:2]) == (0, [compression, f" corrupt {compression} data"])
+    assert sorted(row["line"] for row in tables.pages.to_pylist()) == [1, 2, 3]
+
+
 @pytest.mark.parametrize("form", ["gzip, a member per export", "zstd frames"])
 def test_a_growing_compressed_file_is_read_on_from_where_it_was(form: str, tmp_path: Path):
     """A live store reads what was added to a compressed file once, never its start again."""

@@ -130,59 +130,47 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_works_on_hostile_traces(
-    command: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
-    argv, status = COMMANDS[command]
-    assert main([arg.format(dir=corpus, tmp=tmp_path) for arg in argv]) == status
-    out, err = capsys.readouterr()
-    if command == "sql":
-        assert out.split() == ["pages", str(sum(case.good_pages for case in CASES))]
-    assert "Traceback" not in err
-    if command == "audit":  # the unreadable lines are findings
-        findings = [json.loads(line) for line in out.splitlines()]
-        assert len([f for f in findings if f["code"] == "KVA007" and f["line"] is not None]) == len(CASES)
-    elif command == "tui --snapshot":
-        assert json.loads(out)["read_errors"] == len(CASES)
-    else:
-        assert f"{CASES[0].name}.jsonl:2: bad value: startTimeUnixNano" in err
-
-
 # The issue's own reproduction: one span with an unsigned 64-bit start time, one line whose
-# `intValue` is "sixteen", in a directory of good lines.
-ISSUE_CASES = {case.name: case for case in CASES if case.name in ("start-time-unsigned", "span-int-word")}
+# `intValue` is "sixteen", in a directory of good lines; and the whole corpus.
+ISSUE_CASES = [case for case in CASES if case.name in ("start-time-unsigned", "span-int-word")]
 
 
 @pytest.fixture(scope="module")
 def two_bad_lines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("issue17") / "traces"
     directory.mkdir()
-    for case in ISSUE_CASES.values():
+    for case in ISSUE_CASES:
         case.write(directory)
     return directory
 
 
+@pytest.mark.parametrize("traces", ["two_bad_lines", "corpus"])
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_names_a_u64_time_and_a_word_for_an_integer(
-    command: str, two_bad_lines: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_every_command_names_each_hostile_line_and_reads_the_rest(
+    command: str, traces: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ):
+    directory: Path = request.getfixturevalue(traces)
+    cases = ISSUE_CASES if traces == "two_bad_lines" else CASES
     argv, status = COMMANDS[command]
-    assert main([arg.format(dir=two_bad_lines, tmp=tmp_path) for arg in argv]) == status
+    assert main([arg.format(dir=directory, tmp=tmp_path) for arg in argv]) == status
     out, err = capsys.readouterr()
     assert "Traceback" not in err
-    named = {
-        f"{two_bad_lines / (name + '.jsonl')}:{case.error[0]}: {case.error[1]}" for name, case in ISSUE_CASES.items()
-    }
-    if command in ("audit", "tui --snapshot"):  # named as findings, with their file and line
-        lines = out.splitlines() if command == "audit" else []
-        findings = [json.loads(line) for line in lines] or json.loads(out)["findings"]
-        shown = {f"{f['file']}:{f['line']}: {f['message'].removeprefix('unreadable trace line: ')}" for f in findings}
-        assert named <= shown
+    named = {f"{directory / (case.name + '.jsonl')}:{case.error[0]}: {case.error[1]}" for case in cases}
+    if command in ("audit", "tui --snapshot"):  # named as KVA007 findings, with their file and line
+        findings = (
+            [json.loads(line) for line in out.splitlines()] if command == "audit" else json.loads(out)["findings"]
+        )
+        prefix = "unreadable trace line: "
+        shown = {
+            f"{f['file']}:{f['line']}: {f['message'].removeprefix(prefix)}" for f in findings if f["code"] == "KVA007"
+        }
+        assert shown == named
     else:
         assert {line.removeprefix("kvaudit: ") for line in err.splitlines()} >= named
     if command == "sql":
-        assert out.split() == ["pages", str(2 * (LINES - 1))]
+        assert out.split() == ["pages", str(sum(case.good_pages for case in cases))]
+    if command == "tui --snapshot":
+        assert json.loads(out)["read_errors"] == len(cases)
 
 
 def test_metrics_are_scraped_from_hostile_traces_as_they_grow(corpus: Path, tmp_path: Path):

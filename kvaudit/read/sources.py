@@ -16,7 +16,7 @@ import io
 import re
 import zlib
 from collections.abc import Iterator
-from typing import BinaryIO, Final
+from typing import Any, BinaryIO, Final
 
 try:  # the standard library's from Python 3.14
     from compression import zstd  # type: ignore[import-not-found]
@@ -79,62 +79,42 @@ def decompress(file: BinaryIO, compression: str) -> Iterator[bytes]:
     Raises:
         CompressedDataError: after the last whole block, when the data ends early or is corrupt.
     """
-    if compression == GZIP:
-        yield from _gunzip(file)
-    elif compression == ZSTD:
-        yield from _unzstd(file)
-    else:
+    if compression == ZSTD_FRAMES:
         yield from _zstd_frames(file)
+    else:
+        yield from _inflated(file, compression)
 
 
-def _gunzip(file: BinaryIO) -> Iterator[bytes]:
-    """Every gzip member, one after the other, in bounded blocks (zlib hands over what it
-    could decompress of a member cut short)."""
-    inflater, fed = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), False
+_UNIT: Final = {GZIP: "member", ZSTD: "frame"}  # what each compresses independently
+
+
+def _inflater(compression: str) -> Any:
+    """A decompressor of one gzip member or zstd frame (zlib's or zstd's: the same calls)."""
+    return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS) if compression == GZIP else zstd.ZstdDecompressor()
+
+
+def _inflated(file: BinaryIO, compression: str) -> Iterator[bytes]:
+    """Every gzip member or zstd frame, one after the other, in bounded blocks; of one cut
+    short (the Collector keeps a zstd frame open between its flushes), what it holds."""
+    inflater, fed = _inflater(compression), False
     while block := file.read(_READ_BYTES):
-        while block:
+        while block is not None:
             fed = True
             try:
                 text = inflater.decompress(block, _READ_BYTES)
-            except zlib.error as exc:
-                raise CompressedDataError(f"corrupt gzip data: {exc}") from None
+            except (zlib.error, zstd.ZstdError) as exc:
+                raise CompressedDataError(f"corrupt {compression} data: {exc}") from None
             if text:
                 yield text
-            if inflater.eof:  # the next member
-                block = inflater.unused_data
-                inflater, fed = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), False
-            else:
-                block = inflater.unconsumed_tail
-    if fed and (text := inflater.flush()):  # what a member cut short still gave
-        yield text
+            if inflater.eof:  # the next member or frame
+                block = inflater.unused_data or None
+                inflater, fed = _inflater(compression), False
+            elif compression == GZIP:  # zlib hands back what it has not taken of the block
+                block = inflater.unconsumed_tail or None
+            else:  # zstd keeps it: asked again with nothing until it wants more
+                block = None if inflater.needs_input else b""
     if fed and not inflater.eof:
-        raise CompressedDataError("gzip data ends mid-member (truncated?)")
-
-
-def _unzstd(file: BinaryIO) -> Iterator[bytes]:
-    """Every zstd frame, one after the other, in bounded blocks: of a frame cut short (the
-    Collector keeps one open between its flushes), every whole block it holds."""
-    inflater, fed = zstd.ZstdDecompressor(), False
-    while block := file.read(_READ_BYTES):
-        while True:
-            fed = True
-            try:
-                text = inflater.decompress(block, _READ_BYTES)
-            except zstd.ZstdError as exc:
-                raise CompressedDataError(f"corrupt zstd data: {exc}") from None
-            if text:
-                yield text
-            if inflater.eof:  # the next frame
-                block = inflater.unused_data
-                inflater, fed = zstd.ZstdDecompressor(), False
-                if not block:
-                    break
-            elif inflater.needs_input:
-                break
-            else:  # more of what it was given, past `_READ_BYTES`
-                block = b""
-    if fed and not inflater.eof:
-        raise CompressedDataError("zstd data ends mid-frame (truncated?)")
+        raise CompressedDataError(f"{compression} data ends mid-{_UNIT[compression]} (truncated?)")
 
 
 def _zstd_frames(file: BinaryIO) -> Iterator[bytes]:
@@ -146,4 +126,4 @@ def _zstd_frames(file: BinaryIO) -> Iterator[bytes]:
             raise CompressedDataError("a length-prefixed zstd frame ends early (truncated?)")
         if not frame.startswith(_ZSTD_MAGIC):
             raise CompressedDataError("a length-prefixed frame that is not zstd")
-        yield b"".join(_unzstd(io.BytesIO(frame))) + b"\n"
+        yield b"".join(_inflated(io.BytesIO(frame), ZSTD)) + b"\n"
