@@ -9,17 +9,18 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
-
-import zmq
+from typing import TYPE_CHECKING
 
 from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.contract import KVConfig
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
-from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
 from kvaudit.receive.otlp_http import DEFAULT_MAX_BODY, CollectorServer, parse_address
 from kvaudit.receive.sink_exporter import SinkExporter
 from kvaudit.receive.trace_sink import TraceSink
+
+if TYPE_CHECKING:
+    from kvaudit.kv_events.subscriber import Source
 
 KV_EVENTS_SERVICE = "kvaudit-kv-events"
 
@@ -69,6 +70,8 @@ def kv_event_sources(endpoints: str, replicas: str | None, replays: str | None, 
     Raises:
         UsageError: no replica id, or lists of different lengths.
     """
+    from kvaudit.kv_events.subscriber import Source  # pyzmq: the analysis extra's
+
     endpoint_list = _split(endpoints)
     replica_list = _split(replicas or "")
     if not replica_list:
@@ -115,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     subscriber = None
     try:
         if sources:
+            import zmq
+
+            from kvaudit.kv_events.subscriber import KVEventSubscriber
+
             try:
                 subscriber = KVEventSubscriber(sources, emitter_for, hash_algo=args.kv_hash_algo)
             except zmq.ZMQError as exc:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import threading
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
-
-from kvaudit.backends import Backend
 from kvaudit.commands.arguments import TRACE_PATHS_HELP, add_input_arguments, command_parser, open_backend
-from kvaudit.present.metrics import TraceMetrics
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from kvaudit.backends import Backend
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def serve(backend: Backend, host: str, port: int, *, skew_s: float = 1.0) -> tuple[WSGIServer, int]:
     """Start serving /metrics in a background thread; returns the server and its port."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from kvaudit.present.metrics import TraceMetrics
+
     registry = CollectorRegistry()
     registry.register(TraceMetrics(backend, skew_s=skew_s))
     server, _ = start_http_server(port, addr=host, registry=registry)
