@@ -175,11 +175,11 @@ def test_the_readmes_commands_work_from_a_wheel_outside_the_checkout(full_instal
     assert not located.startswith(str(ROOT)), located  # the wheel, not the checkout
     _run([kvaudit, "simulate", "--out", "sim", "--duration", "30", "--quiet"], cwd=tmp_path)
     shutil.copytree(tmp_path / "sim" / "traces", tmp_path / "traces")
-    (tmp_path / "sim-out").symlink_to(tmp_path / "sim")
     rules = _run([kvaudit, "alerts", "default-rules"], cwd=tmp_path)
     for name in ("my-rules.yaml", "rules.yaml"):
         (tmp_path / name).write_text(rules)
-    commands = list(_readme_commands())
+    # The README's simulation of 300 simulated seconds, shortened: what is tested is that it runs.
+    commands = [command.replace("--duration 300", "--duration 30") for command in _readme_commands()]
     assert len(commands) >= 15, commands
     results = json.loads(_run([_python(full_install), "-c", _DRIVER, json.dumps(commands)], cwd=tmp_path))
     for command, status, stderr in results:
