@@ -1,9 +1,12 @@
 """The `kvaudit` command line: one subcommand per module of `kvaudit.commands`.
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets
-`run` (a callable taking the parsed arguments and returning an exit status). What the
+`run` (a callable taking the parsed arguments and returning an exit status). A command
+module imports what its command runs inside `run`: parsing (`kvaudit --help`) loads no
+query engine, and works on the serving-side install (tests/test_install.py holds both). What the
 statuses mean is `kvaudit.commands.exit_status` (docs/operations.md, "Exit codes"):
-bad input is one line and 2, a bug one line and 3 (its traceback with `--debug` or
+bad input (or a library that a command needs and the install lacks, with the extra
+that brings it) is one line and 2, a bug one line and 3 (its traceback with `--debug` or
 KVAUDIT_DEBUG=1), Ctrl-C 130, and a reader of stdout that went away (`| head`) ends
 the command quietly with 141, as the shell reports a command killed by SIGPIPE.
 """
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 
 from kvaudit import __version__
 from kvaudit.commands.exit_status import ExitStatus
+from kvaudit.commands.extras import extra_providing
 from kvaudit.safe_text import visible
 
 DEBUG_VARIABLE = "KVAUDIT_DEBUG"
@@ -79,6 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return ExitStatus.BROKEN_PIPE
     except Exception as exc:
+        extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
+        if extra is not None:
+            print(
+                f"kvaudit {args.command}: needs {exc.name}, which this install lacks: pip install 'kvaudit[{extra}]'",
+                file=sys.stderr,
+            )
+            return ExitStatus.BAD_INPUT
         if _is_bad_input(exc):
             print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
             return ExitStatus.BAD_INPUT

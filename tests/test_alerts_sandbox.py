@@ -16,8 +16,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.engine import RuleEngine
-from kvaudit.alerts.evaluate import Bounds
 from kvaudit.alerts.rule_health import Health
 from kvaudit.alerts.rules import load_rules
 from kvaudit.backends import BackendError

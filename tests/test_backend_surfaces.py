@@ -19,7 +19,7 @@ from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend
 from kvaudit.backends.clickhouse_load import create_table, load_files
 from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
-from kvaudit.commands.exporter import serve
+from kvaudit.commands.metrics_server import serve
 
 from .test_backends import NOT_IN_CLICKHOUSE, write_fleet
 

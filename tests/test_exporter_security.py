@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.commands.exporter import serve
+from kvaudit.commands.metrics_server import serve
 from kvaudit.read.store import TraceStore
 from kvaudit.receive.http_security import BearerToken, ServerSecurity, ServerTLS
 

@@ -15,7 +15,7 @@ import pytest
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.cli import main
-from kvaudit.commands.exporter import serve
+from kvaudit.commands.metrics_server import serve
 from kvaudit.emit.line_file import LineFile
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore

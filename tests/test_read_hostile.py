@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.cli import main
-from kvaudit.commands.exporter import serve
+from kvaudit.commands.metrics_server import serve
 from kvaudit.read import files, reader
 from kvaudit.read.store import TraceStore
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from kvaudit.alerts.evaluate import Bounds, EvaluationError, classify, result
+from kvaudit.alerts.bounds import Bounds
+from kvaudit.alerts.evaluate import EvaluationError, classify, result
 from kvaudit.alerts.rules import Problem, Rule, read_rule_files
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend, BackendError

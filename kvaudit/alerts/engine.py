@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from kvaudit.alerts.evaluate import Bounds, EvaluationError, Sample, evaluate_rule
+from kvaudit.alerts.bounds import Bounds
+from kvaudit.alerts.evaluate import EvaluationError, Sample, evaluate_rule
 from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
 from kvaudit.alerts.rule_health import RULE_FAILING, Health, RuleHealth, failing_samples
 from kvaudit.alerts.rules import ALERTNAME, HEALTH_GROUP, Group, Rule

@@ -20,23 +20,11 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.rules import ALERTNAME, NAME, Rule
 from kvaudit.backends import Backend
 
 VALUE: Final = "value"
-# A rule's query is stopped after this long (Prometheus' query timeout is 2 minutes; a
-# rule is evaluated every interval, and a slow one must not hold the others up).
-DEFAULT_TIMEOUT_S: Final = 10.0
-# The most alerts one rule may produce, unless its group sets `limit`.
-DEFAULT_LIMIT: Final = 1000
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """How long a rule's query may run, and how many alerts it may produce."""
-
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    limit: int = DEFAULT_LIMIT
 
 
 class EvaluationError(Exception):

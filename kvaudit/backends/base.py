@@ -24,9 +24,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import pyarrow as pa
-
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from kvaudit.read.columns import Tables
 
 Params = Mapping[str, Any]

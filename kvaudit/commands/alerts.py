@@ -15,23 +15,11 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from prometheus_client import CollectorRegistry, start_http_server
-
-from kvaudit.alerts.check import check_files
-from kvaudit.alerts.dispatch import BATCH_SIZE, Dispatcher
-from kvaudit.alerts.engine import RuleEngine
-from kvaudit.alerts.evaluate import DEFAULT_LIMIT, DEFAULT_TIMEOUT_S, Bounds
-from kvaudit.alerts.http import HttpPoster
+from kvaudit.alerts.bounds import DEFAULT_LIMIT, DEFAULT_TIMEOUT_S, Bounds
 from kvaudit.alerts.instances import AlertInstance, AlertState
-from kvaudit.alerts.metrics import RuleMetrics
-from kvaudit.alerts.notifiers import parse_notifier
-from kvaudit.alerts.payloads import rfc3339
-from kvaudit.alerts.rules import ALERTNAME, Group, default_pack_text, load_default_pack, load_rules
 from kvaudit.alerts.state_file import default_state_path
-from kvaudit.alerts.templates import format_value
-from kvaudit.backends import Backend
 from kvaudit.commands.arguments import (
     UsageError,
     add_input_arguments,
@@ -43,9 +31,13 @@ from kvaudit.commands.arguments import (
     warn_backend_read_errors,
 )
 from kvaudit.commands.exit_status import ExitStatus
-from kvaudit.present.rows import warn_read_errors, write_rows
-from kvaudit.receive.otlp_http import parse_address
 from kvaudit.safe_text import visible
+
+if TYPE_CHECKING:
+    from kvaudit.alerts.dispatch import Dispatcher
+    from kvaudit.alerts.engine import RuleEngine
+    from kvaudit.alerts.rules import Group
+    from kvaudit.backends import Backend
 
 METRICS_PORT: Final = 9465
 # Which alerts make `eval` and `watch --once` exit 1: none, firing ones, or pending and firing ones.
@@ -136,6 +128,8 @@ def _add_common(parser: argparse.ArgumentParser, *, fail_on: str) -> None:
 
 
 def _groups(rules: Sequence[str] | None) -> list[Group]:
+    from kvaudit.alerts.rules import load_default_pack, load_rules
+
     return load_rules(rules) if rules else load_default_pack()
 
 
@@ -148,11 +142,15 @@ def _bounds(args: argparse.Namespace) -> Bounds:
 
 
 def run_default_rules(args: argparse.Namespace) -> int:
+    from kvaudit.alerts.rules import default_pack_text
+
     print(default_pack_text(), end="")
     return ExitStatus.OK
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from kvaudit.alerts.check import check_files
+
     if args.rule_timeout <= 0:
         raise UsageError("--rule-timeout must be longer than 0s")
     problems = check_files(args.rules, Bounds(timeout_s=args.rule_timeout))
@@ -165,6 +163,9 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from kvaudit.alerts.engine import RuleEngine
+    from kvaudit.present.rows import write_rows
+
     engine = RuleEngine(_groups(args.rules), skew_s=args.skew, bounds=_bounds(args))
     with open_backend(args.backend, args.paths) as backend:
         warn_backend_read_errors(backend)
@@ -187,6 +188,10 @@ def _outcome(engine: RuleEngine, alerts: Sequence[AlertInstance], fail_on: str, 
 
 
 def _row(alert: AlertInstance) -> tuple[object, ...]:
+    from kvaudit.alerts.payloads import rfc3339
+    from kvaudit.alerts.rules import ALERTNAME
+    from kvaudit.alerts.templates import format_value
+
     labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in (ALERTNAME, "severity"))
     value = None if alert.value is None else format_value(alert.value)
     summary = alert.annotations.get("summary")
@@ -194,6 +199,11 @@ def _row(alert: AlertInstance) -> tuple[object, ...]:
 
 
 def run_watch(args: argparse.Namespace) -> int:
+    from kvaudit.alerts.dispatch import Dispatcher
+    from kvaudit.alerts.engine import RuleEngine
+    from kvaudit.alerts.http import HttpPoster
+    from kvaudit.alerts.notifiers import parse_notifier
+
     interval = args.interval
     if interval <= 0:
         raise UsageError("--interval must be longer than 0s")
@@ -222,6 +232,9 @@ def run_watch(args: argparse.Namespace) -> int:
 def _watch(
     args: argparse.Namespace, engine: RuleEngine, dispatcher: Dispatcher, backend: Backend, *, longest_delivery_s: float
 ) -> int:
+    from kvaudit.alerts.dispatch import BATCH_SIZE
+    from kvaudit.present.rows import warn_read_errors
+
     status = ""
     while True:
         started = time.monotonic()
@@ -250,6 +263,11 @@ def _watch(
 
 
 def _serve_metrics(engine: RuleEngine, dispatcher: Dispatcher, address: str) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from kvaudit.alerts.metrics import RuleMetrics
+    from kvaudit.receive.otlp_http import parse_address
+
     host, port = parse_address(address, METRICS_PORT)
     registry = CollectorRegistry()
     registry.register(RuleMetrics(engine, dispatcher))

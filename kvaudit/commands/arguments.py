@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvaudit.durations import parse_duration
+from kvaudit.present.formats import FORMATS, TABLE_ROWS
 
 if TYPE_CHECKING:
     from kvaudit.backends import Backend
@@ -45,8 +46,6 @@ def duration(text: str) -> float:
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """`--format` (table, csv, json) and how many rows a table shows (`--limit N`, `--all`)."""
-    from kvaudit.present.rows import FORMATS, TABLE_ROWS
-
     parser.add_argument("--format", choices=FORMATS, default="table")
     rows = parser.add_mutually_exclusive_group()
     rows.add_argument(
@@ -60,8 +59,6 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def row_limit(args: argparse.Namespace) -> int | None:
     """The rows to write, from `add_output_arguments`' options (None: all)."""
-    from kvaudit.present.rows import TABLE_ROWS
-
     if args.all:
         return None
     return args.limit if args.limit is not None else TABLE_ROWS if args.format == "table" else None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.commands.arguments import add_input_arguments, command_parser, open_backend, require_spans
-from kvaudit.present.findings import write_json, write_table
+
+if TYPE_CHECKING:
+    from kvaudit.analyse.audit import Finding
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.analyse.audit import run_audit
+    from kvaudit.present.findings import write_json, write_table
+
     with open_backend(args.backend, args.paths) as backend:
         require_spans(backend)
         findings = run_audit(backend, skew_s=args.skew)

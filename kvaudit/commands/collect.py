@@ -10,20 +10,21 @@ import argparse
 import signal
 import sys
 import threading
-
-import zmq
+from typing import TYPE_CHECKING
 
 from kvaudit.commands.arguments import UsageError, command_parser, duration
 from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.contract import KVConfig
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
-from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
 from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits, parse_address, system_backlog
 from kvaudit.receive.sink_exporter import SinkExporter
 from kvaudit.receive.trace_sink import DEFAULT_MAX_OPEN_FILES, TraceSink
 
 _DEFAULTS = ReceiverLimits()
+
+if TYPE_CHECKING:
+    from kvaudit.kv_events.subscriber import Source
 
 KV_EVENTS_SERVICE = "kvaudit-kv-events"
 
@@ -145,6 +146,8 @@ def kv_event_sources(endpoints: str, replicas: str | None, replays: str | None, 
     Raises:
         UsageError: no replica id, or lists of different lengths.
     """
+    from kvaudit.kv_events.subscriber import Source  # pyzmq: the analysis extra's
+
     endpoint_list = _split(endpoints)
     replica_list = _split(replicas or "")
     if not replica_list:
@@ -197,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
     subscriber = None
     try:
         if sources:
+            import zmq
+
+            from kvaudit.kv_events.subscriber import KVEventSubscriber
+
             try:
                 subscriber = KVEventSubscriber(sources, emitter_for, hash_algo=args.kv_hash_algo)
             except zmq.ZMQError as exc:

@@ -10,13 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.present.rows import warn_read_errors
-from kvaudit.read import parquet
-from kvaudit.read.open import open_parquet
-from kvaudit.read.store import TraceStore
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from kvaudit.present.rows import warn_read_errors
+    from kvaudit.read import parquet
+    from kvaudit.read.open import open_parquet
+    from kvaudit.read.store import TraceStore
+
     if args.output is not None and not args.output.endswith(".duckdb"):
         raise UsageError(f"{args.output}: the output name must end in .duckdb")
     if args.output is not None:

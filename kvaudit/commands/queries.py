@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvaudit.analyse.named_queries import PARTS, describe, named_queries
 from kvaudit.commands.arguments import command_parser
-from kvaudit.present.rows import FORMATS, write_rows
+from kvaudit.present.formats import FORMATS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.analyse.named_queries import PARTS, describe, named_queries
+    from kvaudit.present.rows import write_rows
+
     rows = []
     for name in named_queries():
         if name == "views" or (name.startswith(PARTS) and not args.all):

@@ -7,9 +7,6 @@ import sys
 
 from kvaudit.commands.arguments import add_input_arguments, command_parser, duration, open_backend, require_spans
 from kvaudit.commands.audit import exit_status
-from kvaudit.present.report import gather, print_report, report_json
-from kvaudit.present.report_html import write_html
-from kvaudit.present.rows import json_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.present.report import gather, print_report, report_json
+    from kvaudit.present.report_html import write_html
+    from kvaudit.present.rows import json_line
+
     with open_backend(args.backend, args.paths) as backend:
         require_spans(backend)
         report = gather(backend, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)

@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.present.rows import write_rows
 from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import parse_faults
 from kvaudit.simulator.hardware import GPUS, PRECISIONS, load_gpu
@@ -136,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_summary(result: SimResult, seconds: float) -> None:
+    from kvaudit.present.rows import write_rows
+
     config = result.config
     cost = config.cost
     print(

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvaudit.analyse.named_queries import load, resolve
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
@@ -17,7 +16,6 @@ from kvaudit.commands.arguments import (
     row_limit,
     warn_backend_read_errors,
 )
-from kvaudit.present.rows import write_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.analyse.named_queries import load
+    from kvaudit.present.rows import write_rows
+
     paths = list(args.paths)
     if args.query:
         query = load(args.query)  # FileNotFoundError names the query: exit 2
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _file_query(spec: str) -> str:
+    from kvaudit.analyse.named_queries import load, resolve
+
     path = Path(spec)
     if path.is_file():
         return path.read_text()

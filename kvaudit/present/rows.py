@@ -12,13 +12,9 @@ from typing import Any, Final, TextIO
 import msgspec
 from rich.table import Table
 
+from kvaudit.present.formats import FORMATS
 from kvaudit.present.terminal import cell, console, print_wide
 from kvaudit.safe_text import visible
-
-FORMATS: Final = ("table", "csv", "json")
-# Rows a table shows unless asked for more (`--limit N`, `--all`): a person reads the
-# first screens, and Rich lays out ~5,000 rows a second (174k rows took 37 s).
-TABLE_ROWS: Final = 200
 
 
 def write_rows(

@@ -51,6 +51,11 @@ class Rows(Protocol):
     def append(self, tables: Mapping[str, pa.Table]) -> None: ...
 
 
+# The DuckDB storage format `kvaudit ingest` writes: DuckDB's own default is its newest,
+# which the DuckDB releases people have cannot open (a 2.0 file is refused by 1.5's
+# command-line tool); 1.4 (DuckDB's long-term release) and every newer one read this.
+INGESTED_STORAGE: Final = "v1.4.0"
+
 class TraceStore:
     """Trace files as DuckDB views, read as they grow.
 
@@ -78,7 +83,7 @@ class TraceStore:
         *,
         workers: int | None = None,
     ) -> None:
-        con = duckdb.connect(database or ":memory:")
+        con = duckdb.connect(database or ":memory:", config={"storage_compatibility_version": INGESTED_STORAGE})
         self._connect(con, ArrowTables(TABLES) if database is None else DatabaseTables(con))
         self.paths = [str(p) for p in paths]
         self._workers = workers
