@@ -46,7 +46,7 @@ def test_exit_codes_tell_findings_bad_input_and_bugs_apart(
     def broken(*_: object, **__: object) -> None:
         raise OverflowError("int too big to convert")
 
-    monkeypatch.setattr("kvaudit.commands.audit.run_audit", broken)
+    monkeypatch.setattr("kvaudit.analyse.audit.run_audit", broken)  # imported by the command as it runs
     assert main(["audit", str(trace_dir)]) == 3
     err = capsys.readouterr().err
     assert err == (
