@@ -13,7 +13,7 @@ install: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[all,dev]'
 	touch $@
 
 engines: $(ENGINES)

@@ -1,7 +1,14 @@
-"""The `kvaudit` command line: one subcommand per module of `kvaudit.commands`, errors as one line, exit 2.
+"""The `kvaudit` command line: one subcommand per module of `kvaudit.commands`.
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets
-`run` (a callable taking the parsed arguments and returning an exit status).
+`run` (a callable taking the parsed arguments and returning an exit status). A command
+module imports what its command runs inside `run`: parsing (`kvaudit --help`) loads no
+query engine, and works on the serving-side install (tests/test_install.py holds both). What the
+statuses mean is `kvaudit.commands.exit_status` (docs/operations.md, "Exit codes"):
+bad input (or a library that a command needs and the install lacks, with the extra
+that brings it) is one line and 2, a bug one line and 3 (its traceback with `--debug` or
+KVAUDIT_DEBUG=1), Ctrl-C 130, and a reader of stdout that went away (`| head`) ends
+the command quietly with 141, as the shell reports a command killed by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -9,14 +16,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from kvaudit import __version__
+from kvaudit.commands.exit_status import ExitStatus
+from kvaudit.commands.extras import extra_providing
+from kvaudit.safe_text import visible
+
+DEBUG_VARIABLE = "KVAUDIT_DEBUG"
 
 # Command modules, in the order `kvaudit --help` lists them.
 COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
+    "kvaudit.commands.queries",
     "kvaudit.commands.audit",
     "kvaudit.commands.report",
     "kvaudit.commands.ingest",
@@ -38,24 +53,65 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kvaudit {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help=f"show the traceback of an internal error (or set {DEBUG_VARIABLE}=1)"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).register(subparsers)
     return parser
 
 
+class _VisibleFormatter(logging.Formatter):
+    """Log lines with control characters escaped: a message may quote a trace or a rule file."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="kvaudit: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_VisibleFormatter("kvaudit: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        status = int(args.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit
+        return status
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
+    except BrokenPipeError:
+        _discard_stdout()
+        return ExitStatus.BROKEN_PIPE
     except Exception as exc:
-        if not _is_bad_input(exc):
-            raise
-        print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
+        if extra is not None:
+            print(
+                f"kvaudit {args.command}: needs {exc.name}, which this install lacks: pip install 'kvaudit[{extra}]'",
+                file=sys.stderr,
+            )
+            return ExitStatus.BAD_INPUT
+        if _is_bad_input(exc):
+            print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+            return ExitStatus.BAD_INPUT
+        if args.debug or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+            traceback.print_exc()
+        print(
+            f"kvaudit {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)}"
+            f" (a bug in kvaudit; {DEBUG_VARIABLE}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return ExitStatus.INTERNAL_ERROR
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for a reader that left is dropped
+    without another error at exit (what Python's documentation of SIGPIPE recommends)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _is_bad_input(exc: Exception) -> bool:
@@ -63,14 +119,16 @@ def _is_bad_input(exc: Exception) -> bool:
     if isinstance(exc, (ValueError, OSError)):  # UsageError and BackendError are ValueErrors
         return True
     duckdb = sys.modules.get("duckdb")  # a query's error: only possible once DuckDB is loaded
-    return duckdb is not None and isinstance(exc, duckdb.Error)
+    if duckdb is None or not isinstance(exc, duckdb.Error):
+        return False
+    return not isinstance(exc, (duckdb.InternalException, duckdb.FatalException))  # DuckDB's own bugs
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}"
-    return " ".join(text.split())
+    return visible(" ".join(text.split()))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,6 @@
 set -euo pipefail
 PY="$1"
 cd "$(dirname "$0")/.."
-"$PY" -m pip install -q --disable-pip-version-check -e '.[dev,vllm]'
+"$PY" -m pip install -q --disable-pip-version-check -e '.[all,dev,vllm]'
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$PY" -c 'import vllm; print("vllm", vllm.__version__, "installed")'

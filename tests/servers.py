@@ -1,12 +1,17 @@
-"""Servers the tests start as processes: a free port, and a process waited on until it listens."""
+"""Servers the tests start: a free port, a process waited on until it listens, and two local
+HTTP peers for notifications (one that records what it gets, one that never answers)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 def free_port() -> int:
@@ -40,3 +45,82 @@ def serving(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+class RecordingServer(ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 that answers every request with a small CSV and records it:
+    its method and path in `requests`, a JSON body in `posts`."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _RecordingHandler)
+        self.requests: list[str] = []
+        self.posts: list[Any] = []
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}"
+
+    def __enter__(self) -> RecordingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _RecordingHandler(BaseHTTPRequestHandler):
+    server: RecordingServer
+
+    def _answer(self) -> None:
+        self.server.requests.append(f"{self.command} {self.path}")
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.server.posts.append(json.loads(self.rfile.read(length)))
+        body = b"value\n1\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = _answer  # noqa: N815 - http.server's names
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+class HangingServer:
+    """A TCP server on 127.0.0.1 that accepts connections, reads what comes and never answers:
+    an Alertmanager that hangs. `accepted` counts the connections it holds."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    @property
+    def accepted(self) -> int:
+        return len(self._held)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:  # closed
+                return
+            self._held.append(connection)
+
+    def __enter__(self) -> HangingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._socket.close()
+        for connection in self._held:
+            connection.close()

@@ -141,14 +141,17 @@ def test_unreachable_endpoint_is_retried_counted_and_kept_due(receiver: Receiver
     dispatcher = Dispatcher([webhook, stdout])
     alerts = [_alert("r1"), _alert("r2")]
     dispatcher.dispatch(alerts, T0 + 60)  # must not raise
+    _delivered(dispatcher, alerts)
     assert waits == [0.001, 0.002]
     assert dispatcher.stats[webhook.name].failed == 2 and dispatcher.stats[webhook.name].undelivered == 2
     assert "not delivered" in caplog.text
     assert dispatcher.stats["stdout"].delivered == 2  # other notifiers are not held up
     dispatcher.dispatch(alerts, T0 + 75)  # tried again: nothing is dropped
+    _delivered(dispatcher, alerts)
     assert dispatcher.stats[webhook.name].failed == 4
     webhook.url = receiver.url + "/hook"  # the endpoint comes back
     dispatcher.dispatch(alerts, T0 + 90)
+    _delivered(dispatcher, alerts)
     assert dispatcher.stats[webhook.name].undelivered == 0 and len(receiver.posts) == 1
     assert stdout.stream.getvalue().count("FIRING") == 2  # stdout heard it once
 
@@ -159,18 +162,26 @@ def test_dispatch_sends_changes_once_and_resends_to_alertmanager(receiver: Recei
     dispatcher = Dispatcher([am, hook])
     alert = _alert("r1")
     pending = _alert("r2", AlertState.PENDING)
-    dispatcher.dispatch([alert, pending], T0 + 30)
-    dispatcher.dispatch([alert, pending], T0 + 60)  # nothing new; not yet time to resend
-    assert [p for p, _ in receiver.posts] == ["/api/v2/alerts", "/hook"]
-    dispatcher.dispatch([alert], T0 + 90)  # the lease needs renewing
-    assert [p for p, _ in receiver.posts][2:] == ["/api/v2/alerts"]
+
+    def dispatch(alerts: list[AlertInstance], now: float) -> list[str]:
+        dispatcher.dispatch(alerts, now)
+        _delivered(dispatcher, alerts)
+        return sorted(path for path, _ in receiver.posts)
+
+    assert dispatch([alert, pending], T0 + 30) == ["/api/v2/alerts", "/hook"]
+    assert len(dispatch([alert, pending], T0 + 60)) == 2  # nothing new; not yet time to resend
+    assert dispatch([alert], T0 + 90) == ["/api/v2/alerts"] * 2 + ["/hook"]  # the lease needs renewing
     alert.state, alert.resolved_at = AlertState.RESOLVED, T0 + 100
-    dispatcher.dispatch([alert], T0 + 100)
-    assert [p for p, _ in receiver.posts][3:] == ["/api/v2/alerts", "/hook"]
-    assert receiver.posts[-1][1]["status"] == "resolved"
+    assert dispatch([alert], T0 + 100) == ["/api/v2/alerts"] * 3 + ["/hook"] * 2
+    assert all(body["status"] == "resolved" for path, body in receiver.posts[-2:] if path == "/hook")
     never_told = _alert("r3", AlertState.RESOLVED)
-    dispatcher.dispatch([never_told], T0 + 101)
-    assert len(receiver.posts) == 5  # a resolution nobody heard fire is not news
+    assert len(dispatch([never_told], T0 + 101)) == 5  # a resolution nobody heard fire is not news
+
+
+def _delivered(dispatcher: Dispatcher, alerts: list[AlertInstance]) -> None:
+    """Wait for the notifiers' threads to send what was queued, and record it on the alerts."""
+    assert dispatcher.flush(timeout_s=30)
+    dispatcher.acknowledge(alerts)
 
 
 def test_json_lines_file_and_stdout(tmp_path: Path):

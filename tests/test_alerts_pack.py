@@ -84,7 +84,7 @@ def test_efficiency_rules_fire_after_their_for(trace_dir: Path, build: Callable[
 
 def test_eval_prints_firing_alerts_with_severity(trace_dir: Path, capsys: pytest.CaptureFixture[str]):
     alert_traces.used_malformed_page(trace_dir)
-    assert main(["alerts", "eval", str(trace_dir), "--format", "json"]) == 0
+    assert main(["alerts", "eval", str(trace_dir), "--format", "json"]) == 1  # firing: the gate fails
     [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (row["state"], row["severity"], row["alertname"]) == ("firing", "critical", "KVAuditCriticalFinding")
     assert row["labels"] == "replica=r2, rule=KVA001" and row["value"] == "1"
@@ -120,20 +120,20 @@ def test_watch_shows_what_it_could_not_deliver(trace_dir: Path, tmp_path: Path, 
         s.bind(("127.0.0.1", 0))
         dead = f"webhook:http://127.0.0.1:{s.getsockname()[1]}/hook"  # nothing listens once closed
     argv = ["alerts", "watch", str(trace_dir), "--state", str(tmp_path / "s.json"), "--once"]
-    assert main([*argv, "--notify", dead, "--notify", "stdout", "--retries", "0", "--timeout", "1s"]) == 0
+    assert main([*argv, "--notify", dead, "--notify", "stdout", "--retries", "0", "--timeout", "1s"]) == 4
     out, err = capsys.readouterr()
     assert out.startswith('FIRING KVAuditCriticalFinding{replica="r2",rule="KVA001",severity="critical"} value=1')
     assert f"kvaudit alerts: 1 firing, 0 pending; {dead}: 1 undelivered (1 failed so far)" in err
 
 
-def test_eval_exits_1_when_a_rule_fails(trace_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture):
+def test_eval_exits_4_when_a_rule_fails(trace_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture):
     alert_traces.rejected_pages(trace_dir)
     rules = tmp_path / "rules.yaml"
     rules.write_text(
         "groups:\n  - name: g\n    rules:\n      - alert: Broken\n"
         "        expr: SELECT replica, CAST(replica AS INTEGER) AS value FROM pages\n"
     )
-    assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules)]) == 1
+    assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules)]) == 4
     assert f"{rules}:4: alert Broken: Conversion Error" in caplog.text
 
 
@@ -146,7 +146,7 @@ def test_rules_can_use_named_queries(trace_dir: Path, tmp_path: Path, capsys: py
         "        labels: {severity: warning}\n"
     )
     assert main(["alerts", "check", str(rules)]) == 0
-    assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules), "--format", "csv"]) == 0
+    assert main(["alerts", "eval", str(trace_dir), "--rules", str(rules), "--format", "csv"]) == 1
     assert "firing,warning,LowHitRate,replica=r2,0," in capsys.readouterr().out
 
 
@@ -158,7 +158,7 @@ def test_a_simulated_rolling_upgrade_pages_and_clean_traffic_is_silent(
     capsys.readouterr()
     assert main(["alerts", "eval", str(tmp_path / "clean" / "traces"), "--format", "json"]) == 0
     assert capsys.readouterr().out == ""
-    assert main(["alerts", "eval", str(tmp_path / "upgrade" / "traces"), "--format", "json"]) == 0
+    assert main(["alerts", "eval", str(tmp_path / "upgrade" / "traces"), "--format", "json"]) == 1
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows and {(r["state"], r["alertname"], r["severity"]) for r in rows} == {
         ("firing", "KVAuditCriticalFinding", "critical")

@@ -66,6 +66,8 @@ def test_a_good_file_loads_with_lines_and_durations(tmp_path: Path):
         (GOOD.replace("for: 1m30s\n", "for: 1m\n        for: 2m\n"), "rules.yaml:10: duplicate key 'for'"),
         (GOOD.replace("    rules:\n", "    rule:\n"), "rules.yaml:2: a group lacks 'rules'"),
         ("groups: {}\n", "rules.yaml:1: groups must be a list"),
+        (GOOD.replace("interval: 30s", "interval: 30s\n    limit: 0"), "rules.yaml:4: limit must be a whole number"),
+        (GOOD.replace("name: g", "name: kvaudit-rule-health"), "rules.yaml:2: group name 'kvaudit-rule-health' is"),
     ],
 )
 def test_check_names_file_line_and_problem(tmp_path: Path, text: str, expected: str):

@@ -21,7 +21,7 @@ from kvaudit.backends.clickhouse_load import create_table, load_files
 from kvaudit.backends.clickhouse_setup import setup
 from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
-from kvaudit.commands.exporter import serve
+from kvaudit.commands.metrics_server import serve
 
 from .test_backends import NOT_IN_CLICKHOUSE, write_fleet
 
@@ -59,6 +59,11 @@ def test_alerts_eval_on_clickhouse(sources: tuple[str, str], capsys: pytest.Capt
         kept = ("state", "alertname", "labels", "value", "summary")
         return sorted(({key: a[key] for key in kept} for a in alerts), key=lambda a: (a["alertname"], a["labels"]))
 
+    # evictions/before_reuse does not translate to ClickHouse, so the rule reading it fails
+    # there: reported as rule health (its own alert), the other rules unaffected.
+    [failing] = [a for a in clickhouse_alerts if a["alertname"] == "KVAuditRuleFailing"]
+    assert failing["labels"] == "rule=KVAuditPoolThrash, rule_group=kvaudit-efficiency"
+    clickhouse_alerts.remove(failing)
     assert_close(same(clickhouse_alerts), same(duckdb_alerts))
 
 

@@ -25,7 +25,7 @@ def test_python_dash_m_kvaudit_is_the_command():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["sql", "{tmp}"], "kvaudit sql: error: give a query after the paths, or -f FILE"),
+        (["sql", "{tmp}"], "kvaudit sql: error: give a query after the paths, -q NAME or -f FILE"),
         (["sql", "{tmp}/nothing-here", "SELECT 1"], "kvaudit sql: error: {tmp}/nothing-here: no such file"),
         (["audit", "--backend", "postgres://x/y"], "kvaudit audit: error: postgres://x/y: expected clickhouse://"),
         (["tui", "--snapshot"], "kvaudit tui: error: give trace PATHs, --collect [ADDR] or --backend URL"),

@@ -16,7 +16,7 @@ from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 from kvaudit.read.store import TraceStore
-from kvaudit.receive.otlp_http import CollectorServer
+from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits
 from kvaudit.receive.trace_sink import TraceSink
 
 from .conftest import KV, full_page
@@ -24,7 +24,8 @@ from .conftest import KV, full_page
 
 @pytest.fixture
 def collector(tmp_path: Path) -> Iterator[CollectorServer]:
-    server = CollectorServer(("127.0.0.1", 0), TraceSink(tmp_path / "received"), max_body=256 * 1024).start()
+    limits = ReceiverLimits(max_body=256 * 1024)
+    server = CollectorServer(("127.0.0.1", 0), TraceSink(tmp_path / "received"), limits=limits).start()
     yield server
     server.stop()
 

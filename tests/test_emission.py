@@ -195,6 +195,28 @@ def test_too_many_pages_are_dropped_visibly():
     assert len(span.events) == 2 and span.dropped_events == 3
 
 
+def test_batches_are_bounded_by_page_events_so_a_request_fits_a_receivers_body_limit():
+    sizes: list[int] = []
+
+    class Batches(Capture):
+        def export(self, spans):
+            sizes.append(len(spans))
+            return super().export(spans)
+
+    capture = Batches()
+    batcher = SpanBatcher(capture, max_batch_events=10, delay_s=60)
+    emitter = Emitter(replica_resource("r1"), batcher, telemetry_interval_s=3600)
+    for pages in (4, 4, 4, 12, 1):  # 12 is more than a batch may hold: it goes alone
+        with emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR) as op:
+            for i in range(pages):
+                op.add_page(PageDescriptor(key=str(i)))
+            op.end(Outcome.HIT)
+    emitter.flush()
+    fetches = [span for span in capture.spans if span.name != TelemetryAttr.SPAN_NAME]
+    assert [len(span.events) for span in fetches] == [4, 4, 4, 12, 1]
+    assert sizes[:3] == [2, 1, 1]  # 4+4; 4 (+12 would pass 10); 12 alone
+
+
 def test_a_file_is_never_shared_between_two_writers(tmp_path: Path):
     first = LineFile(tmp_path / "r1.jsonl")
     second = LineFile(tmp_path / "r1.jsonl")  # another open description: must not append to the same file

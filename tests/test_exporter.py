@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.commands.exporter import serve
+from kvaudit.commands.metrics_server import serve
 from kvaudit.present.metrics import prometheus_name
 from kvaudit.read.store import TraceStore
 

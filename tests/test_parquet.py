@@ -56,16 +56,16 @@ def test_partitioned_by_day_and_replica_and_sorted_by_key(fleet):
         assert keys == sorted(keys)
 
 
-def test_ingest_appends_and_reads_empty_tables(tmp_path: Path):
+def test_ingest_twice_adds_nothing_and_reads_empty_tables(tmp_path: Path):
     emitter = setup_emitter("r1", f"file:{tmp_path}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
     with emitter.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR, request_id="q", tokens_requested=32) as op:
         op.end(Outcome.MISS, tokens_hit=0)
     emitter.shutdown()
     dataset = tmp_path / "dataset"
-    for _ in range(2):
+    for _ in range(2):  # the second finds nothing new in the file
         assert main(["ingest", str(tmp_path / "r1.jsonl"), "--parquet", str(dataset), "-q"]) == 0
     store = open_store([str(dataset)])
-    assert store.query("SELECT count(*) FROM spans")[1] == [(2,)]
+    assert store.query("SELECT count(*) FROM spans")[1] == [(1,)]
     assert store.query("SELECT count(*) FROM pages")[1] == [(0,)]
     assert store.query("SELECT count(*) FROM replicas")[1] == [(1,)]
 

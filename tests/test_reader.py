@@ -12,7 +12,7 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import setup_emitter
-from kvaudit.read import reader
+from kvaudit.read import files, reader
 from kvaudit.read.files import expand_paths
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
@@ -126,19 +126,20 @@ def test_a_cursor_in_another_thread_sees_what_each_refresh_adds(tmp_path: Path, 
 def test_a_read_that_fails_keeps_what_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: str | None):
     _good_file(tmp_path / "a.jsonl")
     _good_file(tmp_path / "b.jsonl", replica="r2")
+    monkeypatch.setattr(files, "SMALL_BYTES", 0)  # a task per file
     store = TraceStore([tmp_path], database)
-    real_read = reader.read_range
+    real_read = reader.read_task
 
-    def vanished(path: str, *args: object) -> object:
-        if path.endswith("b.jsonl"):
-            raise FileNotFoundError(path)
-        return real_read(path, *args)  # type: ignore[arg-type]
+    def failing(pieces: list[files.Piece], *args: object) -> object:
+        if pieces[0].path.endswith("b.jsonl"):
+            raise RuntimeError("a fault in the reader")
+        return real_read(pieces, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(reader, "read_range", vanished)
-    with pytest.raises(FileNotFoundError):
+    monkeypatch.setattr(reader, "read_task", failing)
+    with pytest.raises(RuntimeError):
         store.refresh()
     assert store.query("SELECT DISTINCT replica FROM pages")[1] == [("r1",)]  # committed, not rolled back
-    monkeypatch.setattr(reader, "read_range", real_read)
+    monkeypatch.setattr(reader, "read_task", real_read)
     store.refresh()  # b.jsonl from its start, a.jsonl not again
     assert store.query("SELECT replica, count(*) FROM pages GROUP BY ALL ORDER BY 1")[1] == [("r1", 3), ("r2", 3)]
 

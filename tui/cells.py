@@ -1,4 +1,9 @@
-"""How figures read in a cell: numbers with units, sparklines, severities (Rich text)."""
+"""How figures read in a cell: numbers with units, sparklines, severities, trace text (Rich text).
+
+Text from traces (replica names, keys, messages that quote them) goes into a cell
+through `plain`: a `Text`, which Textual never reads as markup (a str cell it would, and
+a replica named `[/]` would crash the table), with control characters as escapes.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,18 @@ from typing import Final
 
 from rich.text import Text
 
+from kvaudit.safe_text import visible
+
 _BARS: Final = "▁▂▃▄▅▆▇█"
 SEVERITY_STYLE: Final = {"critical": "bold white on red", "warning": "black on yellow", "info": "black on grey70"}
 NONE: Final = Text("–", style="dim")
+
+
+def plain(value: object, *, style: str = "") -> Text:
+    """Text from a trace as a cell: shown as written (no markup), control characters as escapes; None as –."""
+    if value is None:
+        return NONE
+    return Text(visible(str(value)), style=style)
 
 
 def sparkline(values: Sequence[int]) -> Text:
@@ -56,4 +70,5 @@ def severity(name: str) -> Text:
 def short_key(key: str | None, width: int = 16) -> str:
     if key is None:
         return "–"
+    key = visible(key)
     return key if len(key) <= width else key[: width - 1] + "…"

@@ -3,7 +3,10 @@
 Beyond what loading finds (YAML, unknown keys, durations, templates), each rule's
 SQL is bound and run against the kvaudit views over an empty trace set: that finds
 syntax errors, unknown tables and columns, and results that cannot become alerts,
-before any trace exists.
+before any trace exists. It runs as evaluation runs it, in the backend's sandbox
+(`Backend.sandboxed`): a statement that is not one query is refused unrun, and a query
+that would read a file, reach the network or load an extension fails there; checking
+a rule file changes nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.evaluate import EvaluationError, classify, result
 from kvaudit.alerts.rules import Problem, Rule, read_rule_files
 from kvaudit.analyse.derived_views import prepare
@@ -25,8 +29,11 @@ _SQL_LINE: Final = re.compile(r"^LINE (\d+):", re.MULTILINE)
 _UNKNOWN_NAME: Final = re.compile(r'Referenced column "([^"]+)"|with name "?([^"\s]+?)"? does not exist')
 
 
-def check_files(paths: Iterable[str | Path]) -> list[Problem]:
+def check_files(paths: Iterable[str | Path], bounds: Bounds | None = None) -> list[Problem]:
     """All problems of the rule files, in file and line order (empty when they are fine).
+
+    Args:
+        bounds: each rule's time limit (its alert limit does not apply over no traces).
 
     Raises:
         OSError: a file cannot be read.
@@ -36,14 +43,14 @@ def check_files(paths: Iterable[str | Path]) -> list[Problem]:
         prepare(backend)
         for group in groups:
             for rule in group.rules:
-                problems.extend(check_rule(backend, rule))
+                problems.extend(check_rule(backend, rule, bounds or Bounds()))
     return sorted(problems, key=lambda p: (p.file, p.line))
 
 
-def check_rule(backend: Backend, rule: Rule) -> list[Problem]:
+def check_rule(backend: Backend, rule: Rule, bounds: Bounds) -> list[Problem]:
     """What is wrong with a rule's SQL and the templates that use its columns."""
     try:
-        columns = classify(result(backend, rule).schema)
+        columns = classify(result(backend, rule, bounds).schema)
     except BackendError as exc:
         return [Problem(rule.file, _error_line(rule, exc.detail), _sql_error(exc.detail))]
     except EvaluationError as exc:

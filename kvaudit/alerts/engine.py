@@ -5,6 +5,13 @@ condition stopped holding, and `keep_firing_for` has passed since). A pending al
 whose condition stops is forgotten; a resolved one is kept for a while so that
 notifiers can announce it, and replaced when its condition returns.
 
+Rules are isolated from each other, as in Prometheus' rule manager: each runs in the
+backend's sandbox with a time limit and an alert limit (`evaluate.Bounds`), and one
+that fails is reported as rule health (`rule_health`: `health`, the `KVAuditRuleFailing`
+alert) while the others keep evaluating. The state file is best effort both ways: one
+that cannot be read is set aside (`state_file`), one that cannot be written is a warning
+and is tried again at the next evaluation, with the alerts kept in memory meanwhile.
+
     engine = RuleEngine(load_default_pack(), state_path="alerts-state.json")
     for alert in engine.evaluate(backend):
         print(alert.state, alert.labels, alert.annotations, alert.value, alert.active_since)
@@ -18,12 +25,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
+from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.evaluate import EvaluationError, Sample, evaluate_rule
 from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
-from kvaudit.alerts.rules import ALERTNAME, Group, Rule
+from kvaudit.alerts.rule_health import RULE_FAILING, Health, RuleHealth, failing_samples
+from kvaudit.alerts.rules import ALERTNAME, HEALTH_GROUP, Group, Rule
 from kvaudit.alerts.state_file import load_state, save_state
 from kvaudit.analyse.derived_views import prepare
-from kvaudit.backends import BackendError, Source, as_backend
+from kvaudit.backends import Backend, BackendError, Source, as_backend
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +50,7 @@ class RuleEngine:
         clock: the current time in Unix seconds (tests pass a controllable one).
         resolved_retention_s: how long resolved alerts stay tracked.
         skew_s: clock skew the auditor allows between replicas (for `findings`).
-
-    Raises:
-        ValueError: the state file is unreadable.
+        bounds: each rule's time limit and default alert limit (a group's `limit` wins).
     """
 
     def __init__(
@@ -54,15 +61,19 @@ class RuleEngine:
         clock: Callable[[], float] = time.time,
         resolved_retention_s: float = RESOLVED_RETENTION_S,
         skew_s: float = 1.0,
+        bounds: Bounds | None = None,
     ) -> None:
         self.groups = list(groups)
         self.state_path = Path(state_path) if state_path is not None else None
         self.clock = clock
         self.resolved_retention_s = resolved_retention_s
         self.skew_s = skew_s
-        self.errors: dict[tuple[str, str], str] = {}  # (group, alert) -> the last evaluation's error
+        self.bounds = bounds or Bounds()
+        # (group, alert) -> the health of that rule's last evaluation
+        self.health = {(g.name, r.alert): RuleHealth.of(r) for g in self.groups for r in g.rules}
         self._next_due: dict[str, float] = {}
-        rules = {(g.name, r.alert) for g in self.groups for r in g.rules}
+        self._save_error: str | None = None  # the last failed save's error, until one works
+        rules = set(self.health) | {(HEALTH_GROUP, RULE_FAILING.alert)}
         saved = load_state(self.state_path) if self.state_path is not None else []
         # Keyed by group too: two groups may hold alerts of the same name and labels.
         self._alerts: dict[tuple[str, str], AlertInstance] = {
@@ -78,38 +89,94 @@ class RuleEngine:
     def firing(self) -> list[AlertInstance]:
         return [a for a in self.alerts if a.state is AlertState.FIRING]
 
+    @property
+    def errors(self) -> dict[tuple[str, str], str]:
+        """(group, alert) -> the error of each rule whose last evaluation failed."""
+        return {key: h.last_error for key, h in self.health.items() if h.health is Health.ERR}
+
     def evaluate(self, source: Source) -> list[AlertInstance]:
         """Evaluate the groups that are due, advance the state machine, save the state.
 
-        A rule whose SQL fails keeps its alerts as they were (its error is in
-        `errors`): a broken query must not resolve what it cannot see.
+        A rule whose evaluation fails keeps its alerts as they were (its error is in
+        `health` and `errors`, and it fires `KVAuditRuleFailing`): a broken query must
+        not resolve what it cannot see.
         """
         now = self.clock()
         backend = as_backend(source)
-        prepare(backend, skew_s=self.skew_s)
+        views_error = self._prepare(backend)
         for group in self.groups:
             if now < self._next_due.get(group.name, now):
                 continue
             self._next_due[group.name] = now + (group.interval_s or 0.0)
+            bounds = Bounds(self.bounds.timeout_s, group.limit or self.bounds.limit)
             for rule in group.rules:
-                try:
-                    samples = evaluate_rule(backend, rule)
-                except (BackendError, EvaluationError) as exc:
-                    message = " ".join(str(exc).split())
-                    if self.errors.get((group.name, rule.alert)) != message:
-                        logger.warning("%s:%d: alert %s: %s", rule.file, rule.line, rule.alert, message)
-                    self.errors[(group.name, rule.alert)] = message
-                    continue
-                self.errors.pop((group.name, rule.alert), None)
-                self._apply(rule, samples, now)
+                samples = self._evaluate_rule(backend, rule, bounds, now, views_error)
+                if samples is not None:
+                    self._apply(rule, samples, now)
+        self._apply(RULE_FAILING, failing_samples(self.health.values()), now)
         self._forget_resolved(now)
         self.save()
         return self.alerts
 
+    def _prepare(self, backend: Backend) -> str | None:
+        """Refresh the views rules read (`findings`, `query_*`); what went wrong, if it did."""
+        try:
+            prepare(backend, skew_s=self.skew_s)
+        except BackendError as exc:
+            return f"the views rules read could not be made: {exc}"
+        except Exception as exc:  # the auditor's own failure must not stop alerting: every rule reports it
+            logger.debug("preparing the views", exc_info=True)
+            return f"the views rules read could not be made: {type(exc).__name__}: {exc}"
+        return None
+
+    def _evaluate_rule(
+        self, backend: Backend, rule: Rule, bounds: Bounds, now: float, views_error: str | None
+    ) -> list[Sample] | None:
+        """The rule's samples, or None when its evaluation failed (recorded in its health)."""
+        health = self.health[(rule.group, rule.alert)]
+        started = time.monotonic()
+        try:
+            if views_error is not None:
+                raise EvaluationError(views_error)
+            samples = evaluate_rule(backend, rule, bounds)
+        except (BackendError, EvaluationError) as exc:
+            error = " ".join(str(exc).split())
+        except Exception as exc:  # a rule must not take the others down, whatever it hit
+            logger.debug("%s:%d: alert %s", rule.file, rule.line, rule.alert, exc_info=True)
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        else:
+            error = None
+        health.duration_s = time.monotonic() - started
+        health.last_evaluation = now
+        health.evaluations += 1
+        if error is None:
+            health.health, health.last_error = Health.OK, ""
+            return samples
+        if health.last_error != error:
+            logger.warning("%s:%d: alert %s: %s", rule.file, rule.line, rule.alert, error)
+        health.health, health.last_error = Health.ERR, error
+        health.failures += 1
+        return None
+
     def save(self) -> None:
-        """Write the state file (notifiers' deliveries are part of it)."""
-        if self.state_path is not None:
+        """Write the state file (notifiers' deliveries are part of it).
+
+        A failed write (a full disk, a read-only directory) is a warning, once until a
+        write works again: the alerts stay in memory, and notification goes on.
+        """
+        if self.state_path is None:
+            return
+        try:
             save_state(self.state_path, list(self._alerts.values()))
+        except OSError as exc:
+            error = str(exc.strerror or exc)
+            if error != self._save_error:
+                logger.warning("%s: alert state not saved (%s); kept in memory, retrying", self.state_path, error)
+            self._save_error = error
+        else:
+            if self._save_error is not None:
+                logger.warning("%s: alert state saved again", self.state_path)
+            self._save_error = None
 
     def _apply(self, rule: Rule, samples: list[Sample], now: float) -> None:
         seen = set()
@@ -136,6 +203,7 @@ class RuleEngine:
                 self._alerts[key] = alert
             alert.value = sample.value
             alert.annotations = {k: t.render(sample.labels, sample.value) for k, t in rule.annotations.items()}
+            alert.annotations |= sample.annotations
             alert.last_seen = now
             alert.keep_firing_since = None
             if alert.state is AlertState.PENDING and now - alert.active_since >= rule.for_s:

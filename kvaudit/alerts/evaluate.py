@@ -4,19 +4,25 @@ A row is one alerting instance: its non-numeric columns are labels (NULL leaves 
 label out), its `value` column the sample value. Whether a column is numeric is
 decided by its SQL type, not by the values of one evaluation, so an instance keeps
 the same labels whatever its data.
+
+A rule is SQL kvaudit did not write: it runs in the backend's sandbox (`Backend.sandboxed`:
+one query, reading the views and nothing else), stopped after a time limit, and may
+produce a limited number of alerts (Prometheus' `limit`): past it the evaluation fails
+and the rule's alerts stay as they were, rather than flooding the state file and the
+notifiers.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-import duckdb
 import pyarrow as pa
 
+from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.rules import ALERTNAME, NAME, Rule
-from kvaudit.backends import Backend, BackendError
+from kvaudit.backends import Backend
 
 VALUE: Final = "value"
 
@@ -27,8 +33,11 @@ class EvaluationError(Exception):
 
 @dataclass(frozen=True)
 class Sample:
+    """One row of a rule's result; `annotations`: set by whoever made the sample, beside the rule's templates."""
+
     labels: dict[str, str]
     value: float | None
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,42 +88,27 @@ def _is_numeric(type_: pa.DataType) -> bool:
     return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
 
 
-def require_query(expr: str) -> None:
-    """Raise EvaluationError unless `expr` is one query (SELECT, WITH, VALUES, ...), read by DuckDB's parser.
+def result(backend: Backend, rule: Rule, bounds: Bounds) -> pa.Table:
+    """The rows of the rule's query over the backend, in its sandbox: at most `bounds.limit` + 1.
 
     Raises:
-        EvaluationError: several statements, or one that is not a query.
-        duckdb.Error: it does not parse.
+        QueryTimeoutError: it ran past `bounds.timeout_s`.
+        BackendError: it is not one query, or failed.
     """
-    statements = duckdb.extract_statements(expr)
-    if len(statements) != 1:
-        raise EvaluationError(f"expr holds {len(statements)} statements: give one query")
-    if statements[0].type != duckdb.StatementType.SELECT:
-        raise EvaluationError("expr is a statement, not a query")
+    return backend.sandboxed(rule.expr, timeout_s=bounds.timeout_s, max_rows=bounds.limit + 1)
 
 
-def result(backend: Backend, rule: Rule) -> pa.Table:
-    """The rows of the rule's query over the backend.
-
-    Raises:
-        BackendError: the SQL failed.
-        EvaluationError: it is not one query.
-    """
-    try:
-        require_query(rule.expr)
-    except duckdb.Error as exc:  # as the backend would report it
-        raise BackendError(str(exc).splitlines()[0], str(exc)) from None
-    return backend.arrow(rule.expr)
-
-
-def evaluate_rule(backend: Backend, rule: Rule) -> list[Sample]:
+def evaluate_rule(backend: Backend, rule: Rule, bounds: Bounds) -> list[Sample]:
     """The samples of one evaluation of a rule.
 
     Raises:
+        QueryTimeoutError: the query ran past `bounds.timeout_s`.
         BackendError: the SQL failed.
-        EvaluationError: the result cannot become alerts.
+        EvaluationError: the result cannot become alerts, or would be more than `bounds.limit`.
     """
-    table = result(backend, rule)
+    table = result(backend, rule, bounds)
+    if table.num_rows > bounds.limit:
+        raise EvaluationError(f"more than {bounds.limit} alerts (the limit of its group, `limit`)")
     columns = classify(table.schema)
     problems = columns.problems()
     if problems:

@@ -37,6 +37,11 @@ class HttpPoster:
     backoff_s: float = 0.5
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
 
+    @property
+    def longest_s(self) -> float:
+        """The longest a `post` can take: every attempt timing out, and the waits between them."""
+        return (self.retries + 1) * self.timeout_s + self.backoff_s * (2**self.retries - 1)
+
     def post(self, url: str, body: Any) -> None:
         """Raises DeliveryError when every attempt failed."""
         data = json.dumps(body).encode()

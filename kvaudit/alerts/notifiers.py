@@ -18,6 +18,7 @@ from kvaudit.alerts.instances import AlertInstance
 from kvaudit.alerts.payloads import api_alert, webhook_alert, webhook_payloads
 from kvaudit.alerts.rules import ALERTNAME
 from kvaudit.alerts.templates import format_value
+from kvaudit.safe_text import visible
 
 RECEIVER: Final = "kvaudit"
 API_PATH: Final = "/api/v2/alerts"
@@ -39,19 +40,26 @@ class Notifier(Protocol):
 
 @dataclass
 class StreamNotifier:
-    """One readable line per alert, e.g. on stdout."""
+    """One readable line per alert, e.g. on stdout; control characters in labels and annotations
+    (which come from traces) are written as escapes (`kvaudit.safe_text`)."""
 
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     name: str = "stdout"
     resend_s: float | None = None
 
     def send(self, alerts: Sequence[AlertInstance], now: float) -> None:
+        lines = []
         for alert in alerts:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(alert.labels.items()) if k != ALERTNAME)
             value = "" if alert.value is None else f" value={format_value(alert.value)}"
             summary = alert.annotations.get("summary", "")
-            self.stream.write(f"{alert.state.upper()} {alert.alertname}{{{labels}}}{value} {summary}".rstrip() + "\n")
-        self.stream.flush()
+            line = f"{alert.state.upper()} {alert.alertname}{{{labels}}}{value} {summary}".rstrip()
+            lines.append(visible(line) + "\n")
+        try:
+            self.stream.write("".join(lines))
+            self.stream.flush()
+        except OSError as exc:  # a closed pipe, a full disk
+            raise DeliveryError(f"{self.name}: {exc.strerror or exc}") from None
 
 
 @dataclass

@@ -3,6 +3,7 @@
     groups:
       - name: kvaudit
         interval: 30s
+        limit: 100            # at most this many alerts per rule (default: the engine's, 1000)
         rules:
           - alert: KVAuditCriticalFinding
             expr: SELECT replica, count(*) AS value FROM pages WHERE ... GROUP BY replica
@@ -33,8 +34,10 @@ from kvaudit.durations import parse_duration
 
 NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALERTNAME: Final = "alertname"
+# The group of kvaudit's own rule health alerts (`rule_health`): no rule file may use it.
+HEALTH_GROUP: Final = "kvaudit-rule-health"
 _FILE_KEYS: Final = frozenset({"groups"})
-_GROUP_KEYS: Final = frozenset({"name", "interval", "rules"})
+_GROUP_KEYS: Final = frozenset({"name", "interval", "limit", "rules"})
 _RULE_KEYS: Final = frozenset({"alert", "expr", "for", "keep_firing_for", "labels", "annotations"})
 
 
@@ -86,11 +89,14 @@ class Rule:
 
 @dataclass(frozen=True)
 class Group:
+    """A rule group; `limit`: the most alerts one of its rules may produce (None: the engine's default)."""
+
     name: str
     interval_s: float | None
     rules: tuple[Rule, ...]
     file: str
     line: int
+    limit: int | None = None
 
 
 def _default_pack() -> Traversable:
@@ -176,9 +182,12 @@ class _Reader:
         if fields is None or "name" not in fields:
             return None
         name = self.scalar(fields["name"], "name")
+        if name == HEALTH_GROUP:
+            self.problem(fields["name"], f"group name {name!r} is kvaudit's own (its rule health alerts)")
         interval = self.duration(fields["interval"], "interval") if "interval" in fields else None
         if interval == 0:
             self.problem(fields["interval"], "interval must be longer than 0s")
+        limit = self.count(fields["limit"], "limit") if "limit" in fields else None
         rules: list[Rule] = []
         for rule_node in self.sequence(fields["rules"], "rules") if "rules" in fields else []:
             rule = self.rule(rule_node, name or "")
@@ -192,7 +201,7 @@ class _Reader:
             rules.append(rule)
         if name is None:
             return None
-        return Group(name, interval or None, tuple(rules), self.file, node.start_mark.line + 1)
+        return Group(name, interval or None, tuple(rules), self.file, node.start_mark.line + 1, limit)
 
     def rule(self, node: Node, group: str) -> Rule | None:
         fields = self.mapping(node, "a rule", _RULE_KEYS, required=("alert", "expr"))
@@ -294,6 +303,15 @@ class _Reader:
             self.problem(node, f"{what} must be a string")
             return None
         return str(node.value)
+
+    def count(self, node: Node, what: str) -> int | None:
+        text = self.scalar(node, what)
+        if text is None:
+            return None
+        if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+            self.problem(node, f"{what} must be a whole number of 1 or more, not {text!r}")
+            return None
+        return int(text)
 
     def duration(self, node: Node, what: str) -> float | None:
         text = self.scalar(node, what)

@@ -7,10 +7,13 @@ default), so the same file runs from the `duckdb` shell after `SET VARIABLE`, fr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
-from typing import TYPE_CHECKING, Any
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any, Final
 
 from kvaudit.backends import as_backend
 
@@ -32,6 +35,45 @@ def query_path(name: str) -> Traversable:
 
 def load(name: str) -> str:
     return query_path(name).read_text()
+
+
+# Folders whose queries are parts of something else (the auditor's rules, the TUI's panels),
+# not questions a user asks.
+PARTS: Final = ("audit/", "tui/")
+_VARIABLE: Final = re.compile(r"getvariable\('(kvaudit_\w+)'\)(?:\s*,\s*([^)]+)\))?")
+
+
+@dataclass(frozen=True)
+class QueryInfo:
+    """What `kvaudit queries` lists of a named query, read from its file."""
+
+    name: str
+    summary: str  # the first line of its header comment, after `name:`
+    parameters: dict[str, str | None]  # variable -> its default as written in the SQL (None: unset)
+
+
+def describe(name: str) -> QueryInfo:
+    """A named query's one-line summary and the variables it reads, with their defaults."""
+    text = load(name)
+    first = text.splitlines()[0] if text else ""
+    summary = first.removeprefix("--").strip().removeprefix(f"{name}:").strip()
+    parameters: dict[str, str | None] = {}
+    for variable, default in _VARIABLE.findall(text):
+        if default or variable not in parameters:
+            parameters[variable] = default.strip() or None
+    return QueryInfo(name, summary, parameters)
+
+
+def resolve(spec: str) -> str | None:
+    """The named query a `-f` argument means when no such file exists, or None.
+
+    `summary`, `summary.sql`, `queries/summary.sql` and `evictions/rates` all name the
+    packaged queries, so the README's examples work from a pip install too.
+    """
+    path = PurePosixPath(spec.removesuffix(".sql"))
+    parts = path.parts[1:] if path.parts[:1] == ("queries",) else path.parts
+    name = "/".join(parts)
+    return name if name and name in named_queries() else None
 
 
 def named_queries() -> list[str]:

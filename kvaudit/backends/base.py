@@ -13,6 +13,9 @@ newest span's end, so a window follows the traces, live or replayed.
 
 Every surface (`sql`, `audit`, `report`, `alerts`, `exporter`, `tui`) reads through
 this interface and nothing else, so each works on every backend.
+
+SQL kvaudit did not write (an alert rule's `expr`) runs through `sandboxed`: one query
+that reads the views and nothing else, stopped at a time limit, its rows capped.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import pyarrow as pa
-
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from kvaudit.read.columns import Tables
 
 Params = Mapping[str, Any]
@@ -43,6 +46,29 @@ class BackendError(ValueError):
     def __init__(self, message: str, detail: str | None = None) -> None:
         super().__init__(message)
         self.detail = detail if detail is not None else message
+
+
+class QueryTimeoutError(BackendError):
+    """A query ran past its time limit and was stopped."""
+
+
+def one_query(sql: str) -> str:
+    """The text of `sql` as one query (SELECT, WITH, VALUES, ...), read by DuckDB's parser (kvaudit SQL is its dialect).
+
+    Raises:
+        BackendError: it does not parse, holds several statements, or one that is not a query.
+    """
+    import duckdb  # the parser only: no connection
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise BackendError(str(exc).splitlines()[0], str(exc)) from None
+    if len(statements) != 1:
+        raise BackendError(f"{len(statements)} statements where one query was expected")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise BackendError(f"a {statements[0].type.name} statement where a query was expected")
+    return statements[0].query.strip().rstrip(";")
 
 
 class Backend(ABC):
@@ -73,6 +99,23 @@ class Backend(ABC):
         """Run one kvaudit SQL query and return its result as an Arrow table.
 
         Args and Raises: as `query`.
+        """
+
+    @abstractmethod
+    def sandboxed(self, sql: str, *, timeout_s: float, max_rows: int) -> pa.Table:
+        """Run a query kvaudit did not write (an alert rule's) where it can only read.
+
+        The query must be one query (`one_query`); it reads the views and the temporary
+        views and tables made here, and cannot write, read files, reach the network, load
+        extensions or change settings (each backend says how it ensures that).
+
+        Args:
+            timeout_s: stop the query after this long.
+            max_rows: the most rows returned (the query stops producing more).
+
+        Raises:
+            QueryTimeoutError: it ran past `timeout_s`.
+            BackendError: it is not one query, or failed.
         """
 
     @abstractmethod

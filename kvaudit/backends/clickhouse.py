@@ -5,10 +5,20 @@ its views over that table as temporary views of its own session (nothing is crea
 in the database) and runs kvaudit SQL translated to ClickHouse's dialect. Two
 connections: a ClickHouse server through clickhouse-connect (`clickhouse://` URLs),
 and chdb, the ClickHouse engine in-process (tests, local files).
+
+The sandbox (`sandboxed`, what alert rules run in): the query, one query by DuckDB's
+parser, is translated and run as `SELECT * FROM (...) LIMIT n` with the query-level
+settings `readonly = 1` (reads only: no writes, no DDL, no settings changed, and no
+table functions that reach files or the network, `file()`, `url()`, `s3()`,
+`remote()`; `readonly = 2` would still allow those) and `max_execution_time`, after
+which the server stops it. The temporary views kvaudit made in its session stay
+readable. What else the rule can read is what the connecting user's grants allow:
+give kvaudit a user that may read only the traces table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -21,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlglot
 
-from kvaudit.backends.base import Backend, BackendError, Params, Rows
+from kvaudit.backends.base import Backend, BackendError, Params, QueryTimeoutError, Rows, one_query
 from kvaudit.backends.clickhouse_tables import existing_query, typed_tables_unusable, typed_view_statements
 from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
 from kvaudit.backends.translate import WRITE, Statement, to_clickhouse
@@ -40,6 +50,8 @@ SETTINGS: Final[dict[str, Any]] = {
     "allow_suspicious_types_in_group_by": 1,
     "allow_suspicious_types_in_order_by": 1,
 }
+# ClickHouse's error for a query stopped at max_execution_time (code 159).
+TIMEOUT_EXCEEDED: Final = "TIMEOUT_EXCEEDED"
 SCHEMES: Final = ("clickhouse", "clickhouses")
 CHDB_SCHEME: Final = "chdb"
 DEFAULT_PORTS: Final = {"clickhouse": 8123, "clickhouses": 8443}
@@ -121,7 +133,15 @@ class ChdbConnection(Connection):
         try:
             return self._session.query(sql, "ArrowTable")
         except RuntimeError as exc:  # chdb reports every engine error as RuntimeError
+            if TIMEOUT_EXCEEDED in str(exc):
+                self._drain()
             raise BackendError(_first_line(exc)) from None
+
+    def _drain(self) -> None:
+        """Take the stale output a query stopped at max_execution_time leaves behind: chdb (4.4)
+        hands it to the next query as its result (garbled Arrow), and to that one only."""
+        with contextlib.suppress(RuntimeError, ValueError):  # the stale output, read as this query's
+            self._session.query("SELECT 1", "CSV")
 
     def command(self, sql: str) -> None:
         self.arrow(sql)
@@ -197,6 +217,24 @@ class ClickHouseBackend(Backend):
                 else:
                     self.connection.command(statement.sql)
             return result
+
+    def sandboxed(self, sql: str, *, timeout_s: float, max_rows: int) -> pa.Table:
+        statements = self._translate(one_query(sql), None)
+        if len(statements) != 1 or not statements[0].returns_rows:
+            raise BackendError("not one query")
+        # Newlines around the query: a comment at its end must not swallow the parenthesis.
+        bounded = (
+            f"SELECT * FROM (\n{statements[0].sql}\n) LIMIT {int(max_rows)}"
+            f" SETTINGS readonly = 1, max_execution_time = {timeout_s:g}"
+        )
+        with self._lock:
+            self.arrow("SELECT 1")  # the kvaudit views first, made outside the sandbox
+            try:
+                return self.connection.arrow(bounded)
+            except BackendError as exc:
+                if TIMEOUT_EXCEEDED in str(exc):
+                    raise QueryTimeoutError(f"stopped after {timeout_s:g}s (the time limit)") from None
+                raise
 
     def _translate(self, sql: str, params: Params | None) -> list[Statement]:
         try:

@@ -1,17 +1,34 @@
-"""DuckDB as a kvaudit backend: a `TraceStore` over trace files, an ingested database or Parquet."""
+"""DuckDB as a kvaudit backend: a `TraceStore` over trace files, an ingested database or Parquet.
+
+The sandbox (`sandboxed`, what alert rules run in): before the first such query the
+database is sealed. DuckDB's `enable_external_access = false` leaves it no files (but
+the `readable` directories: a Parquet dataset read in place), no network, no
+extensions beyond those already loaded and no Python objects; `lock_configuration`
+keeps it so (only `threads` may still change: a live store's inserts set it). Both are
+settings of the whole database, so every connection to it is sealed alike, for the rest
+of its life: kvaudit's own reads need neither, since trace files are decoded by Python
+and handed over as Arrow tables, which DuckDB still scans. The query itself must be
+one query, checked by DuckDB's parser, and is interrupted (`interrupt()`, from a
+timer thread) at its time limit.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import duckdb
 import pyarrow as pa
 
-from kvaudit.backends.base import RECENT, Backend, BackendError, Params, Rows
+from kvaudit.backends.base import RECENT, Backend, BackendError, Params, QueryTimeoutError, Rows, one_query
 from kvaudit.read.columns import Tables
 from kvaudit.read.store import TraceStore
+
+# Settings a sealed database may still change: a live store's inserts run on one thread.
+_UNLOCKED: Final = ("threads",)
 
 
 class DuckDBBackend(Backend):
@@ -19,12 +36,15 @@ class DuckDBBackend(Backend):
 
     Args:
         store: the store whose views the queries read; closed by `close()`.
+        readable: directories a sealed database may still read (see the module's docstring):
+            those of a Parquet dataset its views read in place.
     """
 
     dialect = "duckdb"
 
-    def __init__(self, store: TraceStore) -> None:
+    def __init__(self, store: TraceStore, *, readable: Sequence[str] = ()) -> None:
         self.store = store
+        self.readable = tuple(readable)
         self._set: dict[str, Any] = {}  # the variables set on the connection, and their values
         with _errors():  # kvaudit SQL's own function (see `base`), on this connection
             store.con.execute(f"CREATE OR REPLACE TEMP MACRO recent(ts, span) AS {RECENT}")
@@ -39,6 +59,32 @@ class DuckDBBackend(Backend):
             relation = self.store.sql(sql)
             return relation.to_arrow_table() if relation is not None else pa.table({})
 
+    def sandboxed(self, sql: str, *, timeout_s: float, max_rows: int) -> pa.Table:
+        query = one_query(sql)
+        self.seal()
+        interrupted = threading.Event()
+        try:
+            with self._variables(None), _errors(), _interrupt_after(self.store.con, timeout_s, interrupted):
+                return self.store.sql(query).limit(max_rows).to_arrow_table()
+        except BackendError:
+            if interrupted.is_set():
+                raise QueryTimeoutError(f"stopped after {timeout_s:g}s (the time limit)") from None
+            raise
+
+    def seal(self) -> None:
+        """Take the database's access to files, the network, extensions and settings away, for good."""
+        con = self.store.con
+        with _errors():
+            [(locked,)] = con.execute("SELECT current_setting('lock_configuration')").fetchall()
+            if locked:
+                return  # sealed before, by this backend or another connection to the database
+            if self.readable:
+                directories = ", ".join(_literal(p if "://" in p else str(Path(p).resolve())) for p in self.readable)
+                con.execute(f"SET allowed_directories = [{directories}]")
+            con.execute(f"SET allowed_configs = [{', '.join(map(_literal, _UNLOCKED))}]")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+
     def temp_view(self, name: str, sql: str) -> None:
         with _errors():
             self.store.con.execute(f"CREATE OR REPLACE TEMP VIEW {_identifier(name)} AS {sql}")
@@ -47,7 +93,7 @@ class DuckDBBackend(Backend):
         return self.store.refresh(final=final) if self.store.follows_files else None
 
     def cursor(self) -> DuckDBBackend:
-        return DuckDBBackend(self.store.cursor())
+        return DuckDBBackend(self.store.cursor(), readable=self.readable)
 
     def temp_table(self, name: str, table: pa.Table) -> None:
         con = self.store.con
@@ -83,11 +129,38 @@ class DuckDBBackend(Backend):
 
 
 @contextmanager
+def _interrupt_after(con: duckdb.DuckDBPyConnection, seconds: float, interrupted: threading.Event) -> Iterator[None]:
+    """Interrupt the query `con` runs in the block once it has run `seconds`, and set `interrupted`."""
+    lock = threading.Lock()
+    running = [True]
+
+    def stop() -> None:
+        with lock:  # never after the block ended: the interrupt would hit the next query
+            if running[0]:
+                interrupted.set()
+                con.interrupt()
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            running[0] = False
+        timer.cancel()
+
+
+@contextmanager
 def _errors() -> Iterator[None]:
     try:
         yield
     except duckdb.Error as exc:
         raise BackendError(str(exc).splitlines()[0], str(exc)) from None
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _identifier(name: str) -> str:

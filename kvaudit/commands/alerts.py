@@ -3,6 +3,10 @@
 kvaudit alerts check rules.yaml
 kvaudit alerts eval traces/                      # the default rule pack
 kvaudit alerts watch traces/ --rules rules.yaml --interval 15s --notify alertmanager:http://am:9093
+
+Exit status (docs/operations.md): 0; 1 alerts at the `--fail-on` state (eval: firing, by
+default), or problems in `check`; 2 bad input (a rule file that does not load); 4 a rule
+failed or timed out, or (`watch --once`) notifications were not delivered.
 """
 
 from __future__ import annotations
@@ -11,27 +15,33 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
-from kvaudit.alerts.check import check_files
-from kvaudit.alerts.dispatch import Dispatcher
-from kvaudit.alerts.engine import RuleEngine
-from kvaudit.alerts.http import HttpPoster
+from kvaudit.alerts.bounds import DEFAULT_LIMIT, DEFAULT_TIMEOUT_S, Bounds
 from kvaudit.alerts.instances import AlertInstance, AlertState
-from kvaudit.alerts.notifiers import parse_notifier
-from kvaudit.alerts.payloads import rfc3339
-from kvaudit.alerts.rules import ALERTNAME, Group, default_pack_text, load_default_pack, load_rules
-from kvaudit.alerts.templates import format_value
+from kvaudit.alerts.state_file import default_state_path
 from kvaudit.commands.arguments import (
     UsageError,
     add_input_arguments,
+    add_output_arguments,
     command_parser,
     duration,
     open_backend,
+    row_limit,
     warn_backend_read_errors,
 )
-from kvaudit.present.rows import FORMATS, warn_read_errors, write_rows
+from kvaudit.commands.exit_status import ExitStatus
+from kvaudit.safe_text import visible
 
-DEFAULT_STATE = "kvaudit-alerts.state.json"
+if TYPE_CHECKING:
+    from kvaudit.alerts.dispatch import Dispatcher
+    from kvaudit.alerts.engine import RuleEngine
+    from kvaudit.alerts.rules import Group
+    from kvaudit.backends import Backend
+
+METRICS_PORT: Final = 9465
+# Which alerts make `eval` and `watch --once` exit 1: none, firing ones, or pending and firing ones.
+FAIL_ON: Final = {"never": (), "firing": (AlertState.FIRING,), "pending": (AlertState.FIRING, AlertState.PENDING)}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,19 +53,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    check = actions.add_parser("check", help="validate rule files: one `file:line: problem` each, exit 1 if any")
+    check = actions.add_parser(
+        "check", help="validate rule files without running anything but queries over no traces: exit 1 if any problem"
+    )
     check.add_argument("rules", nargs="+", metavar="RULES", help="rule files")
+    _add_timeout(check)
     check.set_defaults(run=run_check)
 
-    evaluate = actions.add_parser("eval", help="evaluate the rules once and print pending and firing alerts")
-    _add_common(evaluate)
-    evaluate.add_argument("--format", choices=FORMATS, default="table")
+    evaluate = actions.add_parser(
+        "eval", help="evaluate the rules once and print pending and firing alerts; exit 1 if any fires"
+    )
+    _add_common(evaluate, fail_on="firing")
+    add_output_arguments(evaluate)
     evaluate.set_defaults(run=run_eval)
 
     watch = actions.add_parser("watch", help="evaluate as trace files grow; keep alert state on disk; notify")
-    _add_common(watch)
+    _add_common(watch, fail_on="never")
     watch.add_argument("--interval", type=duration, default=15.0, help="evaluation interval (default 15s)")
-    watch.add_argument("--state", default=DEFAULT_STATE, help=f"alert state file (default {DEFAULT_STATE})")
+    watch.add_argument(
+        "--state", help=f"alert state file (default {default_state_path()}, under $XDG_STATE_HOME or ~/.local/state)"
+    )
     watch.add_argument(
         "--notify",
         action="append",
@@ -64,53 +81,117 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     watch.add_argument("--timeout", type=duration, default=5.0, help="per HTTP attempt (default 5s)")
     watch.add_argument("--retries", type=int, default=3, help="HTTP retries after the first attempt (default 3)")
-    watch.add_argument("--once", action="store_true", help="evaluate and notify once, then exit (for cron and tests)")
+    watch.add_argument(
+        "--metrics",
+        metavar="ADDR",
+        help=f"serve rule health and notification counts on http://ADDR/metrics (default port {METRICS_PORT})",
+    )
+    watch.add_argument(
+        "--once",
+        action="store_true",
+        help="evaluate and notify once, wait for the deliveries, then exit: 4 when some were not delivered",
+    )
     watch.set_defaults(run=run_watch)
 
     default = actions.add_parser("default-rules", help="print the default rule pack (to copy and tune)")
     default.set_defaults(run=run_default_rules)
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rule-timeout",
+        type=duration,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"stop a rule's query after this long: the rule fails, the others go on (default {DEFAULT_TIMEOUT_S:g}s)",
+    )
+
+
+def _add_common(parser: argparse.ArgumentParser, *, fail_on: str) -> None:
     add_input_arguments(parser)
     parser.add_argument(
         "--rules", action="append", metavar="RULES", help="rule file; repeatable (default: the default pack)"
     )
+    _add_timeout(parser)
+    parser.add_argument(
+        "--rule-limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"the most alerts one rule may produce, unless its group sets `limit` (default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        default=fail_on,
+        help=f"exit 1 when any alert is in this state: firing, pending (or firing), never (default {fail_on})",
+    )
 
 
 def _groups(rules: Sequence[str] | None) -> list[Group]:
+    from kvaudit.alerts.rules import load_default_pack, load_rules
+
     return load_rules(rules) if rules else load_default_pack()
 
 
+def _bounds(args: argparse.Namespace) -> Bounds:
+    if args.rule_timeout <= 0:
+        raise UsageError("--rule-timeout must be longer than 0s")
+    if args.rule_limit < 1:
+        raise UsageError("--rule-limit must be 1 or more")
+    return Bounds(args.rule_timeout, args.rule_limit)
+
+
 def run_default_rules(args: argparse.Namespace) -> int:
+    from kvaudit.alerts.rules import default_pack_text
+
     print(default_pack_text(), end="")
-    return 0
+    return ExitStatus.OK
 
 
 def run_check(args: argparse.Namespace) -> int:
-    problems = check_files(args.rules)
+    from kvaudit.alerts.check import check_files
+
+    if args.rule_timeout <= 0:
+        raise UsageError("--rule-timeout must be longer than 0s")
+    problems = check_files(args.rules, Bounds(timeout_s=args.rule_timeout))
     for problem in problems:
-        print(problem)
+        print(visible(str(problem)))
     if problems:
-        return 1
+        return ExitStatus.FOUND
     print(f"{len(args.rules)} rule files: no problems", file=sys.stderr)
-    return 0
+    return ExitStatus.OK
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    engine = RuleEngine(_groups(args.rules), skew_s=args.skew)
+    from kvaudit.alerts.engine import RuleEngine
+    from kvaudit.present.rows import write_rows
+
+    engine = RuleEngine(_groups(args.rules), skew_s=args.skew, bounds=_bounds(args))
     with open_backend(args.backend, args.paths) as backend:
         warn_backend_read_errors(backend)
         alerts = [a for a in engine.evaluate(backend) if a.state is not AlertState.RESOLVED]
     columns = ("state", "severity", "alertname", "labels", "value", "summary", "active_since")
     if alerts:
-        write_rows(columns, [_row(a) for a in alerts], args.format)
+        write_rows(columns, [_row(a) for a in alerts], args.format, limit=row_limit(args))
     else:
         print("kvaudit alerts: nothing pending or firing", file=sys.stderr)
-    return 1 if engine.errors else 0  # each rule's error was logged as it happened
+    return _outcome(engine, alerts, args.fail_on, undelivered=0)  # each rule's error was logged as it happened
+
+
+def _outcome(engine: RuleEngine, alerts: Sequence[AlertInstance], fail_on: str, *, undelivered: int) -> ExitStatus:
+    """4 when a rule failed or a delivery did (the picture is incomplete), 1 when alerts are at `fail_on`, else 0."""
+    if engine.errors or undelivered:
+        return ExitStatus.INCOMPLETE
+    if any(a.state in FAIL_ON[fail_on] for a in alerts):
+        return ExitStatus.FOUND
+    return ExitStatus.OK
 
 
 def _row(alert: AlertInstance) -> tuple[object, ...]:
+    from kvaudit.alerts.payloads import rfc3339
+    from kvaudit.alerts.rules import ALERTNAME
+    from kvaudit.alerts.templates import format_value
+
     labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in (ALERTNAME, "severity"))
     value = None if alert.value is None else format_value(alert.value)
     summary = alert.annotations.get("summary")
@@ -118,15 +199,45 @@ def _row(alert: AlertInstance) -> tuple[object, ...]:
 
 
 def run_watch(args: argparse.Namespace) -> int:
+    from kvaudit.alerts.dispatch import Dispatcher
+    from kvaudit.alerts.engine import RuleEngine
+    from kvaudit.alerts.http import HttpPoster
+    from kvaudit.alerts.notifiers import parse_notifier
+
     interval = args.interval
     if interval <= 0:
         raise UsageError("--interval must be longer than 0s")
     http = HttpPoster(timeout_s=args.timeout, retries=args.retries)
-    dispatcher = Dispatcher([parse_notifier(spec, http) for spec in args.notify or ["stdout"]])
-    engine = RuleEngine(_groups(args.rules), state_path=args.state, skew_s=args.skew)
+    notifiers = [parse_notifier(spec, http) for spec in args.notify or ["stdout"]]
+    engine = RuleEngine(
+        _groups(args.rules), state_path=args.state or default_state_path(), skew_s=args.skew, bounds=_bounds(args)
+    )
     backend = open_backend(args.backend, args.paths, live=True)  # trace files are read as they grow
+    dispatcher = Dispatcher(notifiers)
+    try:
+        if args.metrics:
+            _serve_metrics(engine, dispatcher, args.metrics)
+        return _watch(args, engine, dispatcher, backend, longest_delivery_s=http.longest_s)
+    except KeyboardInterrupt:
+        # What was delivered meanwhile reaches the state file: a restart will not send it again.
+        dispatcher.flush(timeout_s=http.timeout_s)
+        dispatcher.acknowledge(engine.alerts)
+        engine.save()
+        raise
+    finally:
+        dispatcher.close()
+        backend.close()
+
+
+def _watch(
+    args: argparse.Namespace, engine: RuleEngine, dispatcher: Dispatcher, backend: Backend, *, longest_delivery_s: float
+) -> int:
+    from kvaudit.alerts.dispatch import BATCH_SIZE
+    from kvaudit.present.rows import warn_read_errors
+
     status = ""
     while True:
+        started = time.monotonic()
         try:
             # Only complete lines: a writer may be in the middle of the last one.
             tables = backend.refresh(final=False)
@@ -134,26 +245,49 @@ def run_watch(args: argparse.Namespace) -> int:
                 warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
         except OSError as exc:
             # A file rotated or a directory remounted: alert on what was read, retry next time.
-            print(f"kvaudit alerts: reading traces: {exc}", file=sys.stderr)
+            print(visible(f"kvaudit alerts: reading traces: {exc}"), file=sys.stderr)
         alerts = engine.evaluate(backend)
-        dispatcher.dispatch(alerts, engine.clock())
-        engine.save()  # what each notifier acknowledged
-        status = _status(alerts, dispatcher, status)
+        dispatcher.dispatch(alerts, engine.clock())  # queued: sent by the notifiers' own threads
         if args.once:
-            return 0
-        time.sleep(interval)
+            # Each notifier sends its batches; a failed one gives up the rest until the next evaluation.
+            batches = 1 + len(alerts) // BATCH_SIZE
+            dispatcher.flush(timeout_s=batches * longest_delivery_s + 1.0)
+            dispatcher.acknowledge(engine.alerts)
+        engine.save()  # what each notifier acknowledged
+        status = _status(engine, dispatcher, status)
+        if args.once:
+            undelivered = sum(s.undelivered for s in dispatcher.stats.values())
+            return _outcome(engine, engine.alerts, args.fail_on, undelivered=undelivered)
+        # Evaluations keep their interval, however long one took (a long one is followed at once).
+        time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
 
 
-def _status(alerts: Sequence[AlertInstance], dispatcher: Dispatcher, last: str) -> str:
-    """Print how many alerts fire and how many notifications are owed, when that changed."""
+def _serve_metrics(engine: RuleEngine, dispatcher: Dispatcher, address: str) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from kvaudit.alerts.metrics import RuleMetrics
+    from kvaudit.receive.otlp_http import parse_address
+
+    host, port = parse_address(address, METRICS_PORT)
+    registry = CollectorRegistry()
+    registry.register(RuleMetrics(engine, dispatcher))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    print(f"kvaudit alerts: rule health on http://{host}:{server.server_port}/metrics", file=sys.stderr, flush=True)
+
+
+def _status(engine: RuleEngine, dispatcher: Dispatcher, last: str) -> str:
+    """Print how many alerts fire, which rules fail and how many notifications are owed, when that changed."""
+    alerts = engine.alerts
     counts = {state: sum(a.state is state for a in alerts) for state in AlertState}
-    owed = [
-        f"{name}: {s.undelivered} undelivered ({s.failed} failed so far)"
-        for name, s in dispatcher.stats.items()
-        if s.undelivered
-    ]
     status = f"kvaudit alerts: {counts[AlertState.FIRING]} firing, {counts[AlertState.PENDING]} pending"
-    status += "".join(f"; {text}" for text in owed)
+    failing = sorted(f"{group}/{alert}" for group, alert in engine.errors)
+    if failing:
+        status += f"; failing rules: {', '.join(failing)}"
+    status += "".join(
+        f"; {name}: {s.undelivered} undelivered ({s.failed} failed so far)"
+        for name, s in dispatcher.stats.items()
+        if s.undelivered and s.last_error is not None
+    )
     if status != last:
-        print(status, file=sys.stderr, flush=True)
+        print(visible(status), file=sys.stderr, flush=True)
     return status

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvaudit.durations import parse_duration
+from kvaudit.present.formats import FORMATS, TABLE_ROWS
 
 if TYPE_CHECKING:
     from kvaudit.backends import Backend
@@ -41,6 +42,32 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--format` (table, csv, json) and how many rows a table shows (`--limit N`, `--all`)."""
+    parser.add_argument("--format", choices=FORMATS, default="table")
+    rows = parser.add_mutually_exclusive_group()
+    rows.add_argument(
+        "--limit",
+        type=_positive,
+        metavar="N",
+        help=f"write at most N rows (default: {TABLE_ROWS} in a table, all in CSV and JSON), with a note on the rest",
+    )
+    rows.add_argument("--all", action="store_true", help="write every row, also in a table")
+
+
+def row_limit(args: argparse.Namespace) -> int | None:
+    """The rows to write, from `add_output_arguments`' options (None: all)."""
+    if args.all:
+        return None
+    return args.limit if args.limit is not None else TABLE_ROWS if args.format == "table" else None
+
+
+def _positive(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, not {text!r}")
+    return int(text)
 
 
 def add_input_arguments(parser: argparse.ArgumentParser, *, paths_help: str = TRACE_PATHS_HELP) -> None:
@@ -83,12 +110,15 @@ def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, w
         if not paths:
             raise UsageError("give trace paths, or --backend URL")
         from kvaudit.backends.duckdb_backend import DuckDBBackend
+        from kvaudit.read import parquet
         from kvaudit.read.open import is_trace_files, open_store
         from kvaudit.read.store import TraceStore
 
         if live and is_trace_files(paths):
             return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
-        return DuckDBBackend(open_store(paths))
+        # A Parquet dataset is read in place by DuckDB: its root stays readable in the rules' sandbox.
+        dataset = [paths[0]] if len(paths) == 1 and parquet.is_dataset(paths[0]) else []
+        return DuckDBBackend(open_store(paths), readable=dataset)
     if paths:
         raise UsageError("give either trace paths or --backend URL, not both")
     from kvaudit.backends.clickhouse import connect  # its clients load only when asked for

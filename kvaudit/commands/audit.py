@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.commands.arguments import (
     UsageError,
     add_input_arguments,
@@ -15,9 +14,9 @@ from kvaudit.commands.arguments import (
     open_backend,
     require_spans,
 )
-from kvaudit.present.findings import write_json, write_table
 
 if TYPE_CHECKING:
+    from kvaudit.analyse.audit import Finding
     from kvaudit.backends import Backend
 
 
@@ -71,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     partitioned = (args.lookback, args.partition_rows, args.partition)
     if not args.by_day and (args.list_partitions or any(value is not None for value in partitioned)):
         raise UsageError("--lookback, --partition-rows, --list-partitions and --partition go with --by-day")
+    from kvaudit.analyse.audit import run_audit
+    from kvaudit.present.findings import write_json, write_table
+
     with open_backend(args.backend, args.paths) as backend:
         require_spans(backend)
         findings = _by_day(args, backend) if args.by_day else run_audit(backend, skew_s=args.skew)

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
+from typing import TYPE_CHECKING
 
-import zmq
-
-from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.commands.arguments import UsageError, command_parser, duration
+from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.contract import KVConfig
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
-from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
-from kvaudit.receive.otlp_http import DEFAULT_MAX_BODY, CollectorServer, parse_address
+from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits, parse_address, system_backlog
 from kvaudit.receive.sink_exporter import SinkExporter
-from kvaudit.receive.trace_sink import TraceSink
+from kvaudit.receive.trace_sink import DEFAULT_MAX_OPEN_FILES, TraceSink
+
+_DEFAULTS = ReceiverLimits()
+
+if TYPE_CHECKING:
+    from kvaudit.kv_events.subscriber import Source
 
 KV_EVENTS_SERVICE = "kvaudit-kv-events"
 
@@ -37,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "address", nargs="?", default="127.0.0.1:4318", help="HOST:PORT to bind (default 127.0.0.1:4318)"
     )
     parser.add_argument("--out", default="traces", help="directory for the trace files (default: traces)")
-    parser.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest accepted body in bytes")
     parser.add_argument("--no-fsync", action="store_true", help="acknowledge once written, without waiting for fsync")
+    add_limit_arguments(parser)
+    add_tls_auth_arguments(parser)
     events = parser.add_argument_group("vLLM KV events (the GPU tier of each replica)")
     events.add_argument(
         "--kv-events",
@@ -63,12 +69,85 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The receiver's bounds (docs/operations.md, "Receiving"), named after confighttp and memory_limiter."""
+    limits = parser.add_argument_group("limits (docs/operations.md)")
+    limits.add_argument(
+        "--max-request-body-size",
+        "--max-body",
+        type=int,
+        default=_DEFAULTS.max_body,
+        metavar="BYTES",
+        help=f"largest body after decompression (default {_DEFAULTS.max_body >> 20} MiB)",
+    )
+    limits.add_argument(
+        "--memory-limit-mib",
+        type=int,
+        default=_DEFAULTS.memory_limit >> 20,
+        metavar="MIB",
+        help=f"memory requests in flight may hold; past it 503 (default {_DEFAULTS.memory_limit >> 20}, 0: none)",
+    )
+    for name, default, what in (
+        ("read-header-timeout", _DEFAULTS.read_header_timeout_s, "from a request's first byte to its last header"),
+        ("read-timeout", _DEFAULTS.read_timeout_s, "from a request's first byte to the end of its body"),
+        ("idle-timeout", _DEFAULTS.idle_timeout_s, "a kept-alive connection's wait for its next request"),
+        ("write-timeout", _DEFAULTS.write_timeout_s, "sending a response"),
+    ):
+        limits.add_argument(
+            f"--{name}", type=duration, default=default, metavar="DURATION", help=f"{what} (default {default:g}s)"
+        )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=_DEFAULTS.max_connections,
+        help=f"connections served at once; more are answered 503 (default {_DEFAULTS.max_connections})",
+    )
+    limits.add_argument(
+        "--backlog", type=int, default=0, help=f"listen backlog (default: the system's, {system_backlog()})"
+    )
+    limits.add_argument(
+        "--max-open-files",
+        type=int,
+        default=DEFAULT_MAX_OPEN_FILES,
+        help=f"trace files kept open; the least recently used is closed (default {DEFAULT_MAX_OPEN_FILES})",
+    )
+
+
+def receiver_limits(args: argparse.Namespace) -> ReceiverLimits:
+    """The limits the flags set.
+
+    Raises:
+        UsageError: a size or count that cannot work.
+    """
+    for flag, value in (
+        ("--max-request-body-size", args.max_request_body_size),
+        ("--max-connections", args.max_connections),
+        ("--max-open-files", args.max_open_files),
+    ):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    if args.memory_limit_mib < 0 or args.backlog < 0:
+        raise UsageError("--memory-limit-mib and --backlog cannot be negative")
+    return ReceiverLimits(
+        max_body=args.max_request_body_size,
+        memory_limit=args.memory_limit_mib << 20,
+        read_header_timeout_s=args.read_header_timeout,
+        read_timeout_s=args.read_timeout,
+        idle_timeout_s=args.idle_timeout,
+        write_timeout_s=args.write_timeout,
+        max_connections=args.max_connections,
+        backlog=args.backlog,
+    )
+
+
 def kv_event_sources(endpoints: str, replicas: str | None, replays: str | None, topic: str) -> list[Source]:
     """The publishers named on the command line.
 
     Raises:
         UsageError: no replica id, or lists of different lengths.
     """
+    from kvaudit.kv_events.subscriber import Source  # pyzmq: the analysis extra's
+
     endpoint_list = _split(endpoints)
     replica_list = _split(replicas or "")
     if not replica_list:
@@ -97,9 +176,15 @@ def run(args: argparse.Namespace) -> int:
         if args.kv_events
         else []
     )
-    sink = TraceSink(args.out, fsync=not args.no_fsync)
-    server = CollectorServer(parse_address(args.address), sink, max_body=args.max_body)
+    limits = receiver_limits(args)
+    security = server_security(args)
+    sink = TraceSink(args.out, fsync=not args.no_fsync, max_open_files=args.max_open_files)
+    host, port = parse_address(args.address)
+    server = CollectorServer((host, port), sink, limits=limits, security=security)
     print(f"kvaudit collect: listening on {server.url}/v1/traces, writing {sink.directory}/<replica>.jsonl", flush=True)
+    warning = exposure_warning(host, security)
+    if warning:
+        print(f"kvaudit collect: warning: {warning}", file=sys.stderr, flush=True)
     emitters: dict[str, Emitter] = {}
 
     def emitter_for(replica: str) -> Emitter:
@@ -115,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
     subscriber = None
     try:
         if sources:
+            import zmq
+
+            from kvaudit.kv_events.subscriber import KVEventSubscriber
+
             try:
                 subscriber = KVEventSubscriber(sources, emitter_for, hash_algo=args.kv_hash_algo)
             except zmq.ZMQError as exc:
@@ -141,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             server.server_close()
             sink.close()
-        stats = sink.stats
-        print(f"kvaudit collect: {stats.requests} requests, {stats.spans} spans written, {stats.rejected} rejected")
+        print(f"kvaudit collect: {sink.stats.summary()}")
+        lost = sink.lost_spans
+        if lost:
+            print(
+                f"kvaudit collect: {lost} acknowledged spans were in files deleted under the receiver", file=sys.stderr
+            )
     return 0

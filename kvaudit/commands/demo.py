@@ -13,18 +13,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from kvaudit.analyse.named_queries import load, query_path
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.commands.simulate import print_summary
-from kvaudit.present.report import gather, print_report
-from kvaudit.present.report_html import write_html
-from kvaudit.present.rows import write_rows
-from kvaudit.read.open import open_store
-from kvaudit.read.store import TraceStore
-from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, SimConfig, SimResult, simulate
-from kvaudit.simulator.faults import Faults
+
+if TYPE_CHECKING:
+    from kvaudit.read.store import TraceStore
+    from kvaudit.simulator.engine import SimResult
 
 # A few simulated minutes at a load that keeps both replicas busy but not saturated.
 DURATION_S: Final = 300.0
@@ -48,6 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.analyse.named_queries import load
+    from kvaudit.commands.simulate import print_summary
+    from kvaudit.present.rows import write_rows
+    from kvaudit.read.open import open_store
+    from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, SimConfig, simulate
+    from kvaudit.simulator.faults import Faults
+
     out = Path(args.out)
     if out.exists() and not all(p.name == TRACES_DIR or p.suffix in DEMO_SUFFIXES for p in out.iterdir()):
         raise UsageError(f"{out}: holds more than a previous demo's output; give a new or empty directory")
@@ -71,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
     _report(store, result, out)
     _heading("Look further")
     print(f"  kvaudit tui {traces_dir}")
-    print(f"  kvaudit audit {traces_dir}    # every finding, with its trace and span")
+    print(f"  kvaudit audit {traces_dir} --format json    # every finding, with its trace, span and field values")
     print(f'  kvaudit sql {traces_dir} "SELECT replica, op, layout, used, count(*) FROM pages GROUP BY ALL"')
-    print(f"  kvaudit sql {traces_dir} -f {query_path('summary')}")
+    print(f"  kvaudit sql {traces_dir} -q summary    # kvaudit queries lists the others")
     print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")
     print(f"  ground truth of the injected faults: {out / GROUND_TRUTH_FILE}")
     return 0
@@ -81,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(store: TraceStore, result: SimResult, out: Path) -> None:
     """The report (findings, reuse, hit rates, overhead, capacity), and the findings held to the ground truth."""
+    from kvaudit.present.report import gather, print_report
+    from kvaudit.present.report_html import write_html
+
     _heading("3. Report: findings, reuse, hit rates, transfer overhead, pool capacity")
     report = gather(store)
     print_report(report, sys.stdout)

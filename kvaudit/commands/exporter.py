@@ -1,16 +1,16 @@
-"""`kvaudit exporter`: serve figures derived from trace files (or ClickHouse) on /metrics for Prometheus."""
+"""`kvaudit exporter`: serve figures derived from trace files (or ClickHouse) on /metrics for Prometheus.
+
+The server itself is `kvaudit.commands.metrics_server` (TLS and bearer tokens as `kvaudit collect`'s).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
-
-from kvaudit.backends import Backend
 from kvaudit.commands.arguments import TRACE_PATHS_HELP, add_input_arguments, command_parser, open_backend
-from kvaudit.present.metrics import TraceMetrics
+from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,21 +23,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input_arguments(parser, paths_help=f"{TRACE_PATHS_HELP} (trace files are read as they grow)")
     parser.add_argument("--port", type=int, default=9464, help="port to listen on (default 9464, 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    add_tls_auth_arguments(parser)
     parser.set_defaults(run=run)
 
 
-def serve(backend: Backend, host: str, port: int, *, skew_s: float = 1.0) -> tuple[WSGIServer, int]:
-    """Start serving /metrics in a background thread; returns the server and its port."""
-    registry = CollectorRegistry()
-    registry.register(TraceMetrics(backend, skew_s=skew_s))
-    server, _ = start_http_server(port, addr=host, registry=registry)
-    return server, server.server_port
-
-
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.commands.metrics_server import serve
+
+    security = server_security(args)
     backend = open_backend(args.backend, args.paths, live=True)  # queried at every scrape
     backend.refresh(final=False)  # what is there now, before the first scrape
-    _, port = serve(backend, args.host, args.port, skew_s=args.skew)
-    print(f"kvaudit exporter: serving http://{args.host}:{port}/metrics", flush=True)
+    _, port = serve(backend, args.host, args.port, skew_s=args.skew, security=security)
+    print(f"kvaudit exporter: serving {security.scheme}://{args.host}:{port}/metrics", flush=True)
+    warning = exposure_warning(args.host, security)
+    if warning:
+        print(f"kvaudit exporter: warning: {warning}", file=sys.stderr, flush=True)
     threading.Event().wait()  # the server thread serves until Ctrl-C
     return 0

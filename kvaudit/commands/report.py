@@ -7,8 +7,6 @@ import sys
 
 from kvaudit.commands.arguments import add_input_arguments, command_parser, duration, open_backend, require_spans
 from kvaudit.commands.audit import exit_status
-from kvaudit.present.report import gather, print_report
-from kvaudit.present.report_html import write_html
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "kvaudit report traces/ --html report.html",
     )
     add_input_arguments(parser)
+    parser.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table: for a terminal, findings' fields named; json: one document with every column and field",
+    )
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
     parser.add_argument("--bucket", type=duration, default=60.0, help="hit-rate time bucket (default 60s)")
     parser.add_argument(
@@ -31,11 +35,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.present.report import gather, print_report, report_json
+    from kvaudit.present.report_html import write_html
+    from kvaudit.present.rows import json_line
+
     with open_backend(args.backend, args.paths) as backend:
         require_spans(backend)
         report = gather(backend, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)
-    print_report(report, sys.stdout)
+    if args.format == "json":
+        sys.stdout.write(json_line(report_json(report)))
+    else:
+        print_report(report, sys.stdout)
     if args.html:
         write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths) or args.backend}")
-        print(f"\nHTML report: {args.html}")
+        print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
     return exit_status(report.findings)

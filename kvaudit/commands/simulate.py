@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.present.rows import write_rows
 from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import parse_faults
+from kvaudit.simulator.hardware import GPUS, PRECISIONS, load_gpu
 from kvaudit.simulator.model import PRESETS, CostModel, load_model
 from kvaudit.simulator.router import ROUTERS
 from kvaudit.simulator.stats import Summary, summarise_by
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "simulate",
-        "Simulate replicas of a 27B model sharing a KV pool; write their traces and the injected faults.",
+        "Simulate replicas of a model sharing a KV pool; write their traces and the injected faults.",
         "kvaudit simulate --out sim-out --duration 300 --router prefix-aware --fault rolling-upgrade:150 --guard",
     )
     add_arguments(parser)
@@ -64,14 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
     parser.add_argument("--page-tokens", type=int, default=defaults.page_tokens, help="default: %(default)s")
     parser.add_argument(
-        "--gpu-tflops", type=float, default=cost.gpu_flops / 1e12, help="effective prefill rate; default: %(default)s"
+        "--gpu",
+        default="h100",
+        help=f"a GPU profile ({', '.join(GPUS)}) or a profile JSON file; default: %(default)s",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=cost.mfu,
+        help="share of the GPU's peak rate prefill sustains; default: %(default)s",
+    )
+    parser.add_argument("--precision", choices=PRECISIONS, default=cost.precision, help="default: %(default)s")
+    parser.add_argument(
+        "--no-attention", action="store_true", help="charge prefill its linear FLOPs only (no attention)"
+    )
+    parser.add_argument(
+        "--gpu-tflops", type=float, help="effective prefill rate, in place of the GPU's peak rate x MFU"
     )
     parser.add_argument(
         "--pool-gbps", type=float, default=cost.pool_bytes_per_s / 1e9, help="pool to GPU, GB/s; default: %(default)s"
     )
-    parser.add_argument(
-        "--local-gbps", type=float, default=cost.local_bytes_per_s / 1e9, help="local tier, GB/s; default: %(default)s"
-    )
+    parser.add_argument("--local-gbps", type=float, help="local tier to GPU, GB/s; default: the GPU's host link")
     parser.add_argument(
         "--fault",
         action="append",
@@ -96,9 +109,13 @@ def config_from(args: argparse.Namespace) -> SimConfig:
             duration_s=args.duration,
             seed=args.seed,
             cost=CostModel(
-                gpu_flops=args.gpu_tflops * 1e12,
+                gpu=load_gpu(args.gpu),
+                mfu=args.mfu,
+                precision=args.precision,
+                attention=not args.no_attention,
+                gpu_flops=args.gpu_tflops * 1e12 if args.gpu_tflops else None,
                 pool_bytes_per_s=args.pool_gbps * 1e9,
-                local_bytes_per_s=args.local_gbps * 1e9,
+                local_bytes_per_s=args.local_gbps * 1e9 if args.local_gbps else None,
             ),
             faults=parse_faults(args.fault, guard=args.guard),
         )
@@ -118,10 +135,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_summary(result: SimResult, seconds: float) -> None:
+    from kvaudit.present.rows import write_rows
+
     config = result.config
+    cost = config.cost
     print(
         f"Simulated {config.duration_s:g} s of {config.replicas} replicas of {config.model.name} "
-        f"({config.model.kv_bytes_per_token / 1024:.0f} KiB of KV per token), pool {config.pool_bytes / GIB:g} GiB, "
+        f"({config.model.kv_bytes_per_token / 1024:.0f} KiB of KV per token) on {cost.gpu.name} "
+        f"({cost.effective_flops / 1e12:.0f} TFLOP/s effective, {cost.precision}"
+        f"{'' if cost.attention else ', no attention'}), pool {config.pool_bytes / GIB:g} GiB, "
         f"router {config.router}: {len(result.requests)} requests in {seconds:.1f} s."
     )
     columns = Summary.columns()

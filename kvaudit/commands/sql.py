@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
     add_backend_option,
+    add_output_arguments,
     command_parser,
     open_backend,
+    row_limit,
     warn_backend_read_errors,
 )
-from kvaudit.present.rows import FORMATS, write_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,31 +24,85 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sql",
         "Run SQL over the spans, pages, replicas and read_errors views of trace files.",
         'kvaudit sql traces/ "SELECT replica, op, count(*) AS pages FROM pages GROUP BY ALL"\n'
-        "  kvaudit sql traces.duckdb -f queries/hit_rate.sql --format csv\n"
-        "  kvaudit sql --backend clickhouse://localhost:8123/otel -f queries/summary.sql",
+        "  kvaudit sql traces/ -q hit_rate --param bucket_s=300     # a named query (`kvaudit queries`)\n"
+        "  kvaudit sql traces.duckdb -f my-query.sql --format csv\n"
+        "  kvaudit sql --backend clickhouse://localhost:8123/otel -q summary",
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=TRACE_PATHS_HELP)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "-q", "--query", metavar="NAME", help="run a named query shipped with kvaudit (list them: kvaudit queries)"
+    )
+    source.add_argument(
+        "-f",
+        "--file",
+        help="read the query from this .sql file (a path that is no file but names a shipped query, such as"
+        " queries/summary.sql, runs that query)",
     )
     parser.add_argument(
-        "paths",
-        nargs="*",
-        metavar="PATH",
-        help=TRACE_PATHS_HELP,
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a named query's parameter (`bucket_s=300` sets kvaudit_bucket_s); repeatable",
     )
-    parser.add_argument("-f", "--file", help="read the query from this .sql file")
-    parser.add_argument("--format", choices=FORMATS, default="table")
+    add_output_arguments(parser)
     add_backend_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.analyse.named_queries import load
+    from kvaudit.present.rows import write_rows
+
     paths = list(args.paths)
-    if args.file:
-        query = Path(args.file).read_text()
+    if args.query:
+        query = load(args.query)  # FileNotFoundError names the query: exit 2
+    elif args.file:
+        query = _file_query(args.file)
     elif len(paths) >= (1 if args.backend else 2):
         query = paths.pop()
     else:
-        raise UsageError("give a query after the paths, or -f FILE")
+        raise UsageError("give a query after the paths, -q NAME or -f FILE")
     with open_backend(args.backend, paths) as backend:
         warn_backend_read_errors(backend)
-        columns, rows = backend.query(query)
-    write_rows(columns, rows, args.format)
+        columns, rows = backend.query(query, parameters(args.param))
+    write_rows(columns, rows, args.format, limit=row_limit(args))
     return 0
+
+
+def _file_query(spec: str) -> str:
+    from kvaudit.analyse.named_queries import load, resolve
+
+    path = Path(spec)
+    if path.is_file():
+        return path.read_text()
+    name = resolve(spec)
+    if name is None:
+        raise FileNotFoundError(f"{spec}: no such file, nor a named query (kvaudit queries lists them)")
+    return load(name)
+
+
+def parameters(specs: list[str]) -> dict[str, Any]:
+    """`NAME=VALUE` pairs as query variables: `kvaudit_` prefixed, numbers as numbers.
+
+    Raises:
+        UsageError: a pair without `=` or with a name that is no identifier.
+    """
+    values: dict[str, Any] = {}
+    for spec in specs:
+        name, equals, text = spec.partition("=")
+        name = name.strip()
+        if not equals or not name.isidentifier():
+            raise UsageError(f"--param {spec!r}: expected NAME=VALUE")
+        values[name if name.startswith("kvaudit_") else f"kvaudit_{name}"] = _value(text)
+    return values
+
+
+def _value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -7,8 +7,6 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-import msgspec
-
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
@@ -18,11 +16,6 @@ from kvaudit.commands.arguments import (
     duration,
     open_backend,
 )
-from kvaudit.receive.otlp_http import CollectorServer, parse_address
-from kvaudit.receive.trace_sink import TraceSink
-from kvaudit.tui.alerting import rule_alerting
-from kvaudit.tui.findings import auditor
-from kvaudit.tui.source import NO_RULES, LiveSource, snapshot
 from kvaudit.tui.window import DEFAULT_WINDOW, WINDOWS, window_named
 
 DEFAULT_COLLECT = "127.0.0.1:4318"
@@ -59,6 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from kvaudit.receive.otlp_http import CollectorServer, parse_address
+    from kvaudit.receive.trace_sink import TraceSink
+    from kvaudit.tui.alerting import rule_alerting
+    from kvaudit.tui.findings import auditor
+    from kvaudit.tui.source import NO_RULES, LiveSource, snapshot
+
     if sum(map(bool, (args.paths, args.collect, args.backend))) != 1:
         raise UsageError("give trace PATHs, --collect [ADDR] or --backend URL, one of the three")
     window = window_named(args.window)
@@ -74,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
         # A live view reads in the app's worker thread, one decoding thread beside the screen's,
         # and the app shows before a long first read ends; a snapshot reads whole, at once.
         backend = open_backend(args.backend, paths, live=not args.snapshot, workers=1)
+        if not args.snapshot and not sys.stdout.isatty():
+            # Textual would draw its screen into a file or a pipe until killed.
+            backend.close()
+            raise UsageError(
+                "stdout is not a terminal: the live view needs one (--snapshot prints its figures as JSON)"
+            )
         source = LiveSource(
             backend,
             auditor=auditor(args.skew),

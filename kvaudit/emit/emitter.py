@@ -16,15 +16,18 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from time import monotonic  # tests replace `time` here with a clock of their own (time_ns only)
 from types import TracebackType
 from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
@@ -44,11 +47,14 @@ from kvaudit.contract import (
     SpanAttr,
     TelemetryAttr,
 )
+from kvaudit.durations import parse_duration
 from kvaudit.emit.span_batcher import SpanBatcher
 
 logger = logging.getLogger(__name__)
 
 ENV_EXPORT: Final = "KVAUDIT_EXPORT"
+ENV_SHUTDOWN_TIMEOUT: Final = "KVAUDIT_SHUTDOWN_TIMEOUT"
+DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 _SCOPE = InstrumentationScope(TRACER_NAME, __version__)
 _OK = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
@@ -74,13 +80,24 @@ class PageEvent(Event):
 
 @dataclass
 class EmitterStats:
-    """Counts of what emission could not do; all cumulative for the process."""
+    """Counts of what emission could not do; all cumulative for the process.
+
+    `dropped_spans` is every span that did not reach its destination: dropped from a
+    full queue, in a failed export, still unsent when shutdown's time ran out, or
+    written into a trace file deleted afterwards (those are also `lost_spans`, and are
+    not counted in `exported_spans`).
+    """
 
     errors: int = 0
     dropped_spans: int = 0
     failed_exports: int = 0
     exported_spans: int = 0
     lost_batches: int = 0
+    lost_spans: int = 0
+
+    @property
+    def any_loss(self) -> bool:
+        return bool(self.errors or self.dropped_spans or self.failed_exports or self.lost_batches)
 
 
 class Operation:
@@ -178,6 +195,11 @@ class Emitter:
             in the span's `droppedEventsCount`, never silently.
         telemetry_interval_s: how often, at most, a `kvaudit.telemetry` span reports
             changed loss counts (also on flush and shutdown).
+        shutdown_timeout_s: how long `shutdown()` may take at most (the vLLM hook calls
+            it at exit); what is not exported by then is counted.
+
+    Where a telemetry span itself cannot be delivered, and at shutdown when anything
+    was lost, the counts also go to stderr as one line: the loss is never silent.
     """
 
     def __init__(
@@ -187,9 +209,12 @@ class Emitter:
         *,
         max_pages_per_span: int = 65536,
         telemetry_interval_s: float = 10.0,
+        shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         self.resource = resource
         self._batcher = batcher
+        batcher.undelivered = self._undelivered
+        self._shutdown_timeout_s = shutdown_timeout_s
         self._max_pages = max_pages_per_span
         self._telemetry_interval_ns = int(telemetry_interval_s * 1e9)
         self._errors = 0
@@ -205,8 +230,14 @@ class Emitter:
     @property
     def stats(self) -> EmitterStats:
         batcher = self._batcher.stats
+        lost = getattr(self._batcher.exporter, "lost_spans", 0)
         return EmitterStats(
-            self._errors, batcher.dropped_spans, batcher.failed_exports, batcher.exported_spans, self._lost_batches
+            self._errors,
+            batcher.dropped_spans + lost,
+            batcher.failed_exports,
+            batcher.exported_spans - lost,
+            self._lost_batches,
+            lost,
         )
 
     def count_lost_batches(self, batches: int) -> None:
@@ -260,13 +291,23 @@ class Emitter:
             self._count_error(exc)
             return False
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Export what is queued and stop, within `timeout_s` (default: the emitter's `shutdown_timeout_s`).
+
+        Never raises and never takes longer: what could not be exported is counted, and
+        any loss is written to stderr as one line.
+        """
+        deadline = monotonic() + (self._shutdown_timeout_s if timeout_s is None else timeout_s)
         try:
-            self._batcher.flush(timeout_s)
+            # Half the time for what is queued, so the last telemetry span has time to follow it.
+            self._batcher.flush(max(0.0, deadline - monotonic()) / 2)
             self._report_telemetry(force=True)
-            self._batcher.shutdown(timeout_s)
+            self._batcher.shutdown(max(0.0, deadline - monotonic()))
         except Exception as exc:
             self._count_error(exc)
+        stats = self.stats
+        if stats.any_loss:
+            _fallback_line(f"replica {self.replica!r} pid {os.getpid()}: {_loss_text(stats)} (at shutdown)")
 
     def _submit(
         self,
@@ -301,6 +342,14 @@ class Emitter:
         )
         self._report_telemetry()
 
+    def _undelivered(self, batch: list[ReadableSpan] | tuple[ReadableSpan, ...]) -> None:
+        """A batch failed: where it carried a telemetry span, its counts go to stderr instead."""
+        if any(span.name == TelemetryAttr.SPAN_NAME for span in batch):
+            _fallback_line(
+                f"replica {self.replica!r} pid {os.getpid()}: {_loss_text(self.stats)} "
+                "(the kvaudit.telemetry span carrying these counts could not be exported)"
+            )
+
     def _count_error(self, exc: BaseException) -> None:
         if not self._errors:
             logger.warning("kvaudit: emission failed (%r); serving continues, further failures are counted", exc)
@@ -309,7 +358,8 @@ class Emitter:
     def _report_telemetry(self, *, force: bool = False) -> None:
         """Emit a `kvaudit.telemetry` span when loss counts changed since the last one."""
         stats = self._batcher.stats
-        counts = (stats.dropped_spans, stats.failed_exports, self._errors, self._lost_batches)
+        lost = getattr(self._batcher.exporter, "lost_spans", 0)
+        counts = (stats.dropped_spans + lost, stats.failed_exports, self._errors, self._lost_batches)
         now = time.time_ns()
         if counts == self._reported or (not force and now < self._next_report_ns):
             return
@@ -338,6 +388,24 @@ class Emitter:
             ),
             reserved=True,
         )
+
+
+def _loss_text(stats: EmitterStats) -> str:
+    return (
+        f"{stats.dropped_spans} spans dropped ({stats.lost_spans} of them in a deleted trace file), "
+        f"{stats.failed_exports} exports failed, {stats.errors} emission errors, "
+        f"{stats.lost_batches} upstream batches lost"
+    )
+
+
+def _fallback_line(message: str) -> None:
+    """One line on stderr, where the loss is readable even when the trace destination is not."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(f"kvaudit: {message}\n")
+            sys.stderr.flush()
+    except Exception:  # stderr itself is gone: nothing is left to tell
+        pass
 
 
 def _put(attrs: dict[str, Any], name: str, value: Any) -> None:
@@ -379,7 +447,6 @@ def exporter_for(export: str | None, replica: str) -> SpanExporter:
 
     Raises:
         ValueError: the spec names no known destination.
-        OSError: a trace file cannot be opened.
     """
     spec = export or os.environ.get(ENV_EXPORT)
     if spec is None or spec.startswith("otlp:"):
@@ -398,6 +465,28 @@ def exporter_for(export: str | None, replica: str) -> SpanExporter:
     raise ValueError(f"kvaudit export {spec!r}: expected file:PATH or otlp:URL")
 
 
+class _Unavailable(SpanExporter):
+    """Where spans go when their destination could not be set up: every export fails, and is counted."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def shutdown_timeout_from_env(default: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> float:
+    """`KVAUDIT_SHUTDOWN_TIMEOUT` (a duration: `5s`, `500ms`) if set and valid, else `default`."""
+    text = os.environ.get(ENV_SHUTDOWN_TIMEOUT)
+    if not text:
+        return default
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        logger.warning("kvaudit: %s=%r ignored (%s); using %ss", ENV_SHUTDOWN_TIMEOUT, text, exc, default)
+        return default
+
+
 def setup_emitter(
     replica: str,
     export: str | None = None,
@@ -408,15 +497,29 @@ def setup_emitter(
     kv: KVConfig | None = None,
     max_queue_spans: int = 8192,
     export_delay_s: float = 1.0,
+    shutdown_timeout_s: float | None = None,
 ) -> Emitter:
     """One call from a hook: an emitter for `replica` exporting to `export` (see `exporter_for`).
 
+    A destination that cannot be set up (a bad spec, an exporter that fails to build)
+    never raises into the serving process: it is logged once, emission turns itself
+    off, and every span it is given is counted as dropped. A trace file that cannot be
+    opened yet is retried at each export. `shutdown_timeout_s` defaults to
+    `KVAUDIT_SHUTDOWN_TIMEOUT`, else 5 s.
+
     Raises:
-        ValueError: bad export spec or empty replica id.
-        OSError: a trace file cannot be opened.
+        ValueError: empty replica id.
     """
     if not replica:
         raise ValueError("kvaudit needs a replica id (service.instance.id)")
     resource = replica_resource(replica, engine=engine, engine_version=engine_version, service_name=service_name, kv=kv)
-    batcher = SpanBatcher(exporter_for(export, replica), max_queue=max_queue_spans, delay_s=export_delay_s)
-    return Emitter(resource, batcher)
+    exporter: SpanExporter
+    try:
+        exporter = exporter_for(export, replica)
+    except Exception as exc:
+        logger.error("kvaudit: replica %s: no trace destination (%s); emission is off, spans are counted", replica, exc)
+        exporter = _Unavailable()
+    batcher = SpanBatcher(exporter, max_queue=max_queue_spans, delay_s=export_delay_s)
+    if shutdown_timeout_s is None:
+        shutdown_timeout_s = shutdown_timeout_from_env()
+    return Emitter(resource, batcher, shutdown_timeout_s=shutdown_timeout_s)

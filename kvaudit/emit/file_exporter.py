@@ -17,6 +17,10 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 class OTLPJsonFileExporter(SpanExporter):
     """Write spans as the Collector's file exporter does, rotating by size.
 
+    Never raises on construction: a file that cannot be opened yet (a read-only or
+    missing directory) is tried again at each export, and each export that cannot be
+    written raises `OSError` with nothing of it in the file, for the batcher to count.
+
     Args:
         path: the trace file; `{pid}` is expanded, and a file held by another process
             is never shared (see `LineFile`).
@@ -30,8 +34,13 @@ class OTLPJsonFileExporter(SpanExporter):
     def path(self) -> str:
         return str(self._file.path)
 
+    @property
+    def lost_spans(self) -> int:
+        """Spans written into a trace file that was deleted afterwards (noticed at the next write)."""
+        return self._file.stats.lost_items
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self._file.write(spans_to_line(spans))
+        self._file.write(spans_to_line(spans), items=len(spans))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -34,7 +34,14 @@ class SpanBatcher:
         exporter: where batches go; its exceptions are counted, never raised.
         max_queue: spans held at most; a span submitted to a full queue is dropped and counted.
         max_batch: spans per `export` call.
+        max_batch_events: page events per `export` call (a batch ends before the span
+            that would pass it; a span with more goes alone), so that one OTLP request
+            stays within a receiver's body limit (the Collector's default is 20 MiB; a
+            page descriptor is about 700 bytes of protobuf).
         delay_s: longest time a span waits before its batch is exported.
+
+    `undelivered`, when set, is called (on the worker thread) with each batch that
+    could not be exported: the emitter's fallback for telemetry that never arrives.
     """
 
     def __init__(
@@ -43,6 +50,7 @@ class SpanBatcher:
         *,
         max_queue: int = 8192,
         max_batch: int = 512,
+        max_batch_events: int = 16384,
         delay_s: float = 1.0,
     ) -> None:
         self.exporter = exporter
@@ -50,10 +58,14 @@ class SpanBatcher:
         self._queue: deque[ReadableSpan] = deque()
         self._max_queue = max_queue
         self._max_batch = max_batch
+        self._max_batch_events = max_batch_events
         self._delay_s = delay_s
+        self.undelivered: Callable[[Sequence[ReadableSpan]], None] | None = None
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._exporting = False
+        self._in_flight = 0
+        self._abandoned = False
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="kvaudit-exporter", daemon=True)
         self._worker.start()
@@ -86,11 +98,32 @@ class SpanBatcher:
         return True
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Export what is queued, taking `timeout_s` at most in all (never raises).
+
+        What could not be exported by then (still queued, or in an export that has not
+        returned) is counted as dropped; the worker thread is a daemon and is left behind.
+        """
+        deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         self._closed = True
         self._wake.set()
-        self._worker.join(timeout_s)
-        self.exporter.shutdown()
+        self._worker.join(max(0.0, deadline - time.monotonic()))
+        if self._worker.is_alive():
+            with self._idle:
+                self._abandoned = True
+                left = len(self._queue) + self._in_flight
+                self._queue.clear()
+            self.stats.dropped_spans += left
+        # Closing the exporter may block as well (a hung file system or connection).
+        closer = threading.Thread(target=self._shutdown_exporter, name="kvaudit-exporter-close", daemon=True)
+        closer.start()
+        closer.join(max(0.0, deadline - time.monotonic()))
+
+    def _shutdown_exporter(self) -> None:
+        try:
+            self.exporter.shutdown()
+        except Exception as exc:
+            logger.warning("kvaudit: closing the span exporter failed (%s)", exc)
 
     def _run(self) -> None:
         while not (self._closed and not self._queue):
@@ -102,10 +135,18 @@ class SpanBatcher:
                 self._idle.notify_all()
 
     def _take_batch(self) -> Sequence[ReadableSpan]:
+        batch: list[ReadableSpan] = []
+        events = 0
         with self._idle:
             self._exporting = True
-        take = min(len(self._queue), self._max_batch)
-        return [self._queue.popleft() for _ in range(take)]
+            while self._queue and len(batch) < self._max_batch:
+                span_events = len(self._queue[0].events)
+                if batch and events + span_events > self._max_batch_events:
+                    break
+                batch.append(self._queue.popleft())
+                events += span_events
+            self._in_flight = len(batch)
+        return batch
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
         try:
@@ -114,10 +155,19 @@ class SpanBatcher:
             result = SpanExportResult.FAILURE
             if not self.stats.failed_exports:
                 logger.warning("kvaudit: exporting spans failed (%s); counting further failures", exc)
+        with self._idle:
+            abandoned = self._abandoned  # shutdown gave up on this batch and counted it already
+            self._exporting = False
+            self._in_flight = 0
+        if abandoned:
+            return
         if result is SpanExportResult.SUCCESS:
             self.stats.exported_spans += len(batch)
-        else:
-            self.stats.failed_exports += 1
-            self.stats.dropped_spans += len(batch)
-        with self._idle:
-            self._exporting = False
+            return
+        self.stats.failed_exports += 1
+        self.stats.dropped_spans += len(batch)
+        if self.undelivered is not None:
+            try:
+                self.undelivered(batch)
+            except Exception as exc:
+                logger.debug("kvaudit: reporting an undelivered batch failed (%s)", exc)

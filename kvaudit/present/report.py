@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
 import numpy as np
-from rich.console import Console
 
 from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.analyse.capacity import CapacityCurve, capacity_curve
@@ -18,6 +18,7 @@ from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Source
 from kvaudit.present.findings import write_table
 from kvaudit.present.rows import write_rows
+from kvaudit.present.terminal import console as terminal_console
 
 # The named queries a report shows, in order, with their section titles.
 SECTIONS: Final = {
@@ -101,7 +102,9 @@ def capacity_points(curve: CapacityCurve, points: int = CAPACITY_POINTS) -> Tabl
 
 
 def print_report(report: Report, stream: TextIO) -> None:
-    console = Console(file=stream, soft_wrap=False)
+    """The report for a terminal (80 columns and up): findings by rule with their fields named,
+    and each section's main columns; the HTML report and `--format json` have every column."""
+    console = terminal_console(stream)
     console.rule("[bold]Findings")
     write_table(report.findings, stream, rows_per_group=10)
     for name, columns in TERMINAL_COLUMNS.items():
@@ -111,7 +114,8 @@ def print_report(report: Report, stream: TextIO) -> None:
         if table is None:
             continue
         console.rule(f"[bold]{SECTIONS[name]}")
-        write_rows(columns, [tuple(r.get(c) for c in columns) for r in table.records()], stream=stream)
+        rows = [tuple(r.get(c) for c in columns) for r in table.records()]
+        write_rows(_headers(columns), rows, stream=stream)
     if report.capacity is not None:
         curve = report.capacity
         console.rule("[bold]Pool capacity")
@@ -119,7 +123,31 @@ def print_report(report: Report, stream: TextIO) -> None:
             f"{curve.accesses} page accesses ({curve.method}); an unbounded pool would hit {curve.ideal_hit_rate:.1%}"
         )
         points = capacity_points(curve, 11)
-        write_rows(points.columns, points.rows, stream=stream)
+        write_rows(_headers(points.columns), points.rows, stream=stream)
+
+
+def _headers(columns: list[str]) -> list[str]:
+    """Column names with spaces for underscores: a narrow terminal wraps `pages stored` between the words."""
+    return [name.replace("_", " ") for name in columns]
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """Everything the report found, every column and finding field: `kvaudit report --format json`."""
+    capacity = None
+    if report.capacity is not None:
+        curve = report.capacity
+        capacity = {
+            "method": curve.method,
+            "accesses": curve.accesses,
+            "ideal_hit_rate": float(curve.ideal_hit_rate),
+            "points": capacity_points(curve).records(),
+        }
+    return {
+        "findings": [dataclasses.asdict(finding) for finding in report.findings],
+        "sections": {name: table.records() for name, table in report.tables.items()},
+        "hit_rate_totals": report.hit_rate_totals.records() if report.hit_rate_totals is not None else None,
+        "capacity": capacity,
+    }
 
 
 def _locality_summary(table: Table) -> Table:

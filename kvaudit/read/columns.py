@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kvaudit.contract import PAGE_COLUMNS, RESOURCE_COLUMNS, SPAN_COLUMNS, Kind
 from kvaudit.otlp.schema import ArrayValue
 
+# What Arrow raises for a value it cannot put in a column of the tables below.
+UNTYPABLE: Final = (pa.ArrowException, OverflowError)
+INTEGER_PATTERN: Final = "^-?[0-9]+$"  # OTLP JSON's int64 as a string: decimal digits
 ARROW_TYPE: Final = {
     Kind.STR: pa.string(),
     Kind.INT: pa.int64(),
@@ -75,6 +79,8 @@ TABLES: Final = {
 DUCKDB_TYPE: Final = {
     pa.string(): "VARCHAR",
     pa.int64(): "BIGINT",
+    pa.uint64(): "UBIGINT",
+    pa.binary(): "BLOB",
     pa.bool_(): "BOOLEAN",
     pa.list_(pa.int64()): "BIGINT[]",
     pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
@@ -116,19 +122,33 @@ def table_of(schema: pa.Schema, rows: Sequence[Sequence[Any]]) -> pa.Table:
 
 
 def _array(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
-    """An Arrow array from decoded values: OTLP int64s arrive as strings (or numbers)."""
+    """An Arrow array from decoded values: OTLP int64s arrive as strings (or numbers).
+
+    Raises:
+        UNTYPABLE: a value that is not of the column's type (an integer out of range or
+            not an integer: the reader then finds its line, see `decode.untypable`).
+    """
     if pa.types.is_list(type_):
         return _list_array(values, type_)
     sample = next((v for v in values if v is not None), None)
     if isinstance(sample, str) and type_ != pa.string():
         try:
-            return pa.array(values, type=pa.string()).cast(type_)
+            text = pa.array(values, type=pa.string())
         except (pa.ArrowInvalid, pa.ArrowTypeError):
-            pass  # mixed strings and numbers: convert one by one below
+            text = None  # mixed strings and numbers: convert one by one below
+        if text is not None:
+            return _typed(text, type_)
     try:
         return pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([_as_text(v) for v in values], type=pa.string()).cast(type_)
+        return _typed(pa.array([_as_text(v) for v in values], type=pa.string()), type_)
+
+
+def _typed(text: pa.Array, type_: pa.DataType) -> pa.Array:
+    # Arrow's cast takes more than OTLP's decimal digits (hexadecimal, for one).
+    if pa.types.is_integer(type_) and not pc.all(pc.match_substring_regex(text, INTEGER_PATTERN)).as_py():
+        raise pa.ArrowInvalid("a value that is not an integer")
+    return text.cast(type_)
 
 
 def _list_array(values: Sequence[ArrayValue | None], type_: pa.DataType) -> pa.Array:

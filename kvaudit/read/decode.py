@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import decimal
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -18,22 +19,30 @@ import msgspec
 
 from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, Kind
 from kvaudit.otlp.schema import DECODER, AnyValue, KeyValue, Span, TracesData
-from kvaudit.read.columns import PAGE_HEAD, SPANS_SCHEMA
+from kvaudit.read.columns import INTEGER_PATTERN, PAGE_HEAD, PAGES_SCHEMA, SPANS_SCHEMA
 
 
 @dataclass
 class RangeRows:
-    """What one byte range of one file shares across its lines: errors, and resource rows
-    (a cache: a resource is in the range's table only if a line that uses it is read)."""
+    """What the lines decoded together share: errors (each with the line's place among
+    them, to keep their order), and resource rows (a cache: a resource is in the table
+    only if a line that uses it is read)."""
 
-    file: str
     resources: dict[int, list[Any]] = field(default_factory=dict)
-    errors: list[tuple[str, int, str]] = field(default_factory=list)
+    errors: list[tuple[int, str, int, str]] = field(default_factory=list)  # (place, file, line, reason)
 
 
 # Which AnyValue field holds each kind; integers stay as decoded (str or int) and are
-# cast to int64 by Arrow, column by column, which is far cheaper than int() per value.
+# cast to int64 by Arrow, column by column, which is far cheaper than int() per value
+# (`columns.table_of`; a line with a value it cannot type is then found by `untypable`).
 _FIELD_OF_KIND: Final = {Kind.STR: "stringValue", Kind.INT: "intValue", Kind.BOOL: "boolValue", Kind.INTS: "arrayValue"}
+# How deep arrays and maps may nest in an attribute value; deeper, the line is an error.
+MAX_NESTING: Final = 32
+_NESTED_TOO_DEEP: Final = f"nested too deeply (an attribute value may nest {MAX_NESTING} arrays or maps)"
+_INTEGER: Final = re.compile(INTEGER_PATTERN)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The latest time a signed 64-bit count of nanoseconds holds (OTLP's are unsigned).
+_LATEST_TIME: Final = "2262-04-11T23:47:16.854775807Z"
 
 
 def _slots(columns: dict[str, tuple[str, str]]) -> dict[str, tuple[int, str]]:
@@ -48,24 +57,69 @@ def _fill(
 ) -> list[Any]:
     row: list[Any] = [None] * width
     for kv in attributes:
+        value = kv.value
+        if (value.arrayValue is not None or value.kvlistValue is not None) and not _nests_within(value, MAX_NESTING):
+            raise UnreadableLineError(_NESTED_TOO_DEEP)
         slot = slots.get(kv.key)
         if slot is not None:
-            row[slot[0]] = getattr(kv.value, slot[1])
+            # A repeated key: the last one wins, as when the OpenTelemetry SDK sets an attribute again.
+            row[slot[0]] = getattr(value, slot[1])
         elif extra is not None:
-            extra[kv.key] = attribute_text(kv.value)
+            extra[kv.key] = attribute_text(value, kv.key)
     return row
 
 
-def attribute_text(value: AnyValue) -> str:
+def _nests_within(value: AnyValue, depth: int) -> bool:
+    """Whether the arrays and maps of `value` nest at most `depth` deep."""
+    if value.arrayValue is not None:
+        items = value.arrayValue.values
+    elif value.kvlistValue is not None:
+        items = [kv.value for kv in value.kvlistValue.values]
+    else:
+        return True
+    return depth > 0 and all(_nests_within(item, depth - 1) for item in items)
+
+
+def int64(value: int | str, name: str) -> int:
+    """An OTLP int64 (a JSON number, or a string of decimal digits) as an int.
+
+    Raises:
+        UnreadableLineError: `value` is not an integer, or not one of 64 bits.
+    """
+    reason = bad_integer(value)
+    if reason is not None:
+        raise UnreadableLineError(f"bad value: {name} {reason}")
+    return int(value)
+
+
+def bad_integer(value: Any, time: bool = False) -> str | None:
+    """Why `value`, decoded from an OTLP int64 field, is not one (None if it is; and None is)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and not _INTEGER.fullmatch(value):
+        return f"{value[:40]!r} is not an integer"
+    number = int(value)
+    if INT64_MIN <= number <= INT64_MAX:
+        return None
+    if time and number > 0:
+        return f"{number} is after {_LATEST_TIME}, the latest time kvaudit reads (signed 64-bit nanoseconds)"
+    return f"{number} is out of the signed 64-bit range"
+
+
+def attribute_text(value: AnyValue, key: str = "intValue") -> str:
     """An attribute value as text, the way the OpenTelemetry Collector renders it (pdata's
     `AsString`, which its ClickHouse exporter stores): integers in decimal, booleans as
-    `true`/`false`, arrays and maps as JSON, so both backends see the same text."""
+    `true`/`false`, arrays and maps as JSON, so both backends see the same text.
+
+    Raises:
+        UnreadableLineError: an integer that is not an OTLP int64 (named as `key`).
+    """
     if value.stringValue is not None:
         return value.stringValue
     if value.boolValue is not None:
         return "true" if value.boolValue else "false"
     if value.intValue is not None:
-        return str(int(value.intValue))
+        return str(int64(value.intValue, key))
     if value.doubleValue is not None:
         return _double_text(float(value.doubleValue))
     if value.bytesValue is not None:
@@ -89,7 +143,7 @@ def _raw(value: AnyValue) -> Any:
     if value.kvlistValue is not None:
         return {kv.key: _raw(kv.value) for kv in value.kvlistValue.values}
     if value.intValue is not None:
-        return int(value.intValue)
+        return int64(value.intValue, "intValue")
     for item in (value.stringValue, value.boolValue, value.doubleValue, value.bytesValue):
         if item is not None:
             return item
@@ -106,7 +160,7 @@ def hex_id(value: str, size: int) -> str:
 def _resource_id(attributes: list[KeyValue]) -> int:
     # Computed from the attributes' text so that ClickHouse, which keeps only that text
     # (kvaudit.backends.clickhouse_views), derives the same id for the same process.
-    text = "\n".join(sorted(f"{kv.key}={attribute_text(kv.value)}" for kv in attributes))
+    text = "\n".join(sorted(f"{kv.key}={attribute_text(kv.value, kv.key)}" for kv in attributes))
     return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "little", signed=True)
 
 
@@ -118,6 +172,9 @@ PAGE_COLUMNS_FROM_SPAN: Final = [SPANS_SCHEMA.get_field_index(name) for name, _ 
 _N_PAGE: Final = len(PAGE_COLUMNS)
 _SCHEMA_SLOT: Final = list(RESOURCE_COLUMNS).index("schema")
 _REPLICA_SLOT: Final = list(RESOURCE_COLUMNS).index("replica")
+_RESOURCE_INTS: Final = [
+    (slot, attr) for slot, (attr, kind) in enumerate(RESOURCE_COLUMNS.values()) if kind == Kind.INT
+]
 
 
 class UnreadableLineError(ValueError):
@@ -126,10 +183,13 @@ class UnreadableLineError(ValueError):
 
 @dataclass
 class DecodedLine:
-    """One decoded line: its span rows, and its page rows when msgspec decoded its events
-    too; otherwise `scanned` is its number among the lines the page scanner read."""
+    """One decoded line (or document) of `file`: its span rows, and its page rows when
+    msgspec decoded its events too; otherwise `scanned` is its number among the lines
+    the page scanner read. `place` orders it among the lines decoded together."""
 
+    file: str
     number: int
+    place: int
     spans: list[list[Any]] = field(default_factory=list)
     pages: list[list[Any]] | None = None
     resources: dict[int, list[Any]] = field(default_factory=dict)
@@ -143,6 +203,8 @@ def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesDat
         raise UnreadableLineError(f"not OTLP trace data: {exc}") from None
     except msgspec.DecodeError as exc:
         raise UnreadableLineError(f"invalid JSON: {exc}") from None
+    except RecursionError:  # deeper than msgspec goes, far deeper than MAX_NESTING
+        raise UnreadableLineError(_NESTED_TOO_DEEP) from None
 
 
 def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[tuple[list[Any], Span]]:
@@ -150,7 +212,7 @@ def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[
     the line's resources go to `line.resources`."""
     n_resource = len(RESOURCE_COLUMNS)
     n_span = len(SPAN_COLUMNS)
-    file = columns.file
+    file = line.file
     for resource_spans in data.resourceSpans:
         res_attrs = resource_spans.resource.attributes if resource_spans.resource else []
         rid = _resource_id(res_attrs)
@@ -160,8 +222,11 @@ def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[
             schema = resource[_SCHEMA_SLOT]
             if schema is not None and str(schema) != str(SCHEMA_VERSION):
                 raise UnreadableLineError(
-                    f"unknown kvaudit schema version {schema} (this kvaudit reads {SCHEMA_VERSION})"
+                    f"unknown kvaudit schema version {str(schema)[:40]} (this kvaudit reads {SCHEMA_VERSION})"
                 )
+            for slot, name in _RESOURCE_INTS:
+                if resource[slot] is not None:
+                    resource[slot] = int64(resource[slot], name)
             columns.resources[rid] = resource
         line.resources[rid] = resource
         replica = resource[_REPLICA_SLOT]
@@ -178,15 +243,22 @@ def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[
                     hex_id(span.spanId, 8),
                     hex_id(span.parentSpanId, 8) or None,
                     span.name,
-                    int(span.startTimeUnixNano),
-                    int(span.endTimeUnixNano),
-                    int(span.status.code) if span.status is not None else 0,
-                    span.droppedAttributesCount,
-                    span.droppedEventsCount,
+                    _time(span.startTimeUnixNano, "startTimeUnixNano"),
+                    _time(span.endTimeUnixNano, "endTimeUnixNano"),
+                    int64(span.status.code, "status.code") if span.status is not None else 0,
+                    int64(span.droppedAttributesCount, "droppedAttributesCount"),
+                    int64(span.droppedEventsCount, "droppedEventsCount"),
                     *attrs,
                     list(extra.items()) if extra else None,
                 ]
                 yield row, span
+
+
+def _time(value: int | str, name: str) -> int:
+    reason = bad_integer(value, time=True)
+    if reason is not None:
+        raise UnreadableLineError(f"bad value: {name} {reason}")
+    return int(value)
 
 
 def read_line(
@@ -220,4 +292,32 @@ def read_line(
         return reason
     line.spans = spans
     line.pages = pages if decoder is DECODER else None
+    return None
+
+
+# The integer columns msgspec's values reach Arrow in untyped (see `_FIELD_OF_KIND`):
+# (index in the row, the field they come from, whether it is a time, whether a list).
+_SPAN_INTS: Final = [
+    (SPANS_SCHEMA.get_field_index(name), attr, False, False)
+    for name, (attr, kind) in SPAN_COLUMNS.items()
+    if kind == Kind.INT
+]
+_PAGE_INTS: Final = [(PAGES_SCHEMA.get_field_index("time_ns"), "timeUnixNano", True, False)] + [
+    (PAGES_SCHEMA.get_field_index(name), attr, False, kind == Kind.INTS)
+    for name, (attr, kind) in PAGE_COLUMNS.items()
+    if kind in (Kind.INT, Kind.INTS)
+]
+
+
+def untypable(line: DecodedLine) -> str | None:
+    """Why a decoded line has a value its column cannot hold (None if it has none)."""
+    for rows, checks in ((line.spans, _SPAN_INTS), (line.pages or [], _PAGE_INTS)):
+        for row in rows:
+            for index, name, time, many in checks:
+                value = row[index]
+                values = [item.intValue for item in value.values] if many and value is not None else [value]
+                for item in values:
+                    reason = bad_integer(item, time)
+                    if reason is not None:
+                        return f"bad value: {name} {reason}"
     return None

@@ -6,12 +6,13 @@ more than everything else the reader does. So a compiled scanner (numba) walks e
 line's `resourceSpans[].scopeSpans[].spans[].events[]` and writes page attributes into
 preallocated arrays, with no Python object per page.
 
-It is deliberately narrow: it reads what JSON writers actually write and gives up on a
-line at anything else (an escape or non-ASCII byte in a string it must read, a nested
-array or map value, a repeated field, a type msgspec would reject, a number that is not
-a plain integer, broken JSON). The reader decodes such a line the general way, so both
-paths give the same rows and the same errors (tests/test_page_scan.py holds them equal,
-on random lines and on lines broken at random).
+It is deliberately narrow: it reads what JSON writers actually write (compact, or made
+compact first: see `compact`) and gives up on a line at anything else (an escape or
+non-ASCII byte in a string it must read, a nested array or map value, a repeated field,
+a type msgspec would reject, a number that is not a plain integer, broken JSON). The
+reader decodes such a line the general way, so both paths give the same rows and the
+same errors (tests/test_page_scan.py holds them equal, on random lines and on lines
+broken at random).
 
 It runs before msgspec. Where it read every byte of a line's `events` arrays by its
 exact paths (see _scan), those bytes are valid JSON, and msgspec decodes the spans and
@@ -814,6 +815,101 @@ def _scan(
     return n
 
 
+# --- insignificant white space ---------------------------------------------------------
+# Writers in the json.dumps style put a space after every separator, and a pretty-printed
+# document is mostly indentation. The scanner's fast path compares the compact form a
+# word at a time, so such lines are made compact first, in place: white space outside
+# strings goes, except between two bare tokens (`1 2`), which JSON does not allow and
+# which must stay for the scanner to refuse the line as msgspec would. Valid JSON stays
+# the same value; invalid JSON stays invalid. The freed bytes at the end become spaces.
+
+_SPACED_LOOK: Final = 64  # a line with no white space outside strings in its first bytes is taken as compact
+
+
+@numba.njit(cache=True, nogil=True)
+def _white(c: int) -> bool:  # pragma: no cover - compiled
+    return c == 32 or c == 10 or c == 13 or c == 9
+
+
+@numba.njit(cache=True, nogil=True)
+def _bare(c: int) -> bool:  # pragma: no cover - compiled
+    """Whether `c` is part of a number or literal (nor white space, a string or structure)."""
+    return not (_white(c) or c == 34 or c == 123 or c == 125 or c == 91 or c == 93 or c == 44 or c == 58 or c == 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _spaced_lines(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    for k in range(len(starts)):
+        i, end = starts[k], ends[k]
+        look = min(end, i + _SPACED_LOOK)
+        out[k] = False
+        while i < look:
+            c = buf[i]
+            if c == 34:
+                i = _string(buf, i, end)[0]
+                if i < 0:
+                    break
+            elif _white(c):
+                out[k] = True
+                break
+            else:
+                i += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _compact_lines(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:  # pragma: no cover - compiled
+    for k in range(len(starts)):
+        i = w = starts[k]
+        end = ends[k]
+        last = 0  # the last byte kept (0: none yet)
+        while i < end:
+            c = buf[i]
+            if c == 34:  # a string, kept as it is
+                stop = _string(buf, i, end)[0]
+                if stop < 0:
+                    stop = end
+                if w == i:
+                    w = i = stop
+                else:
+                    while i < stop:
+                        buf[w] = buf[i]
+                        w += 1
+                        i += 1
+                last = 34
+            elif _white(c):
+                while i < end and _white(buf[i]):
+                    i += 1
+                if _bare(last) and i < end and _bare(buf[i]):
+                    buf[w] = 32
+                    w += 1
+            else:
+                buf[w] = c
+                w += 1
+                i += 1
+                last = c
+        ends[k] = w
+        while w < end:
+            buf[w] = 32
+            w += 1
+
+
+def spaced(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per line buf[starts[k]:ends[k]], whether it has white space outside strings in its
+    first bytes (then `compact` makes it a line the fast path reads)."""
+    out = np.empty(len(starts), dtype=np.bool_)
+    _spaced_lines(buf, starts, ends, out)
+    return out
+
+
+def compact(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Take the insignificant white space out of the lines buf[starts[k]:ends[k]], in place;
+    returns where each ends now (spaces fill the rest of its bytes). A pretty-printed
+    document is two thirds indentation: what is read after is the third that is left."""
+    compacted = np.array(ends, dtype=np.int64)
+    _compact_lines(buf, starts, compacted)
+    return compacted
+
+
 # --- the Python side ------------------------------------------------------------------
 
 
@@ -896,7 +992,9 @@ class PageScanner:
     def compile(self) -> None:
         """Compile now (or load from numba's disk cache), so that reading threads find the
         machine code ready instead of each waiting for it."""
-        self.scan(np.zeros(PAD, dtype=np.uint8), [], [])
+        buf, none = np.zeros(PAD, dtype=np.uint8), np.zeros(0, dtype=np.int64)
+        compact(buf, none, none[spaced(buf, none, none)])
+        self.scan(buf, [], [])
 
     def scan(self, buf: np.ndarray, starts: Sequence[int], ends: Sequence[int]) -> PageColumns:
         """Scan the lines buf[starts[k]:ends[k]].

@@ -8,7 +8,9 @@ may be local or in object storage (s3://, gs://, https:// through DuckDB's httpf
 
 Layout of a dataset root:
 - `pages/` and `spans/`: partitioned by `day` (UTC date of the page or span start) and `replica`;
-- `resources/` and `read_errors/`: a file per ingest (few rows).
+- `resources/` and `read_errors/`: a file per ingest (few rows);
+- `files/`: how far each trace file was read, a file per ingest (see `positions`), so an
+  ingest of the same trace files again appends only what is new in them.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from kvaudit.read import positions
 from kvaudit.read.columns import DUCKDB_TYPE, TABLES
+from kvaudit.read.files import Cursors
 
 if TYPE_CHECKING:
     from kvaudit.read.store import TraceStore
@@ -77,6 +83,22 @@ def write(store: TraceStore, root: str) -> dict[str, int]:
         store.con.execute(f"COPY ({rows}) TO '{_escape(target)}' ({options})")
         written[table] = count
     return written
+
+
+def read_positions(root: str) -> Cursors:
+    """How far the trace files ingested into the dataset at `root` were read (none for a new one)."""
+    folder = Path(_folder(root, "files"))
+    parts = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    if not parts:
+        return Cursors()
+    return positions.cursors_of(pa.concat_tables(pq.read_table(part).cast(positions.SCHEMA) for part in parts))
+
+
+def write_positions(root: str, cursors: Cursors) -> None:
+    """Add how far the trace files were read to the dataset at `root` (see `read_positions`)."""
+    folder = Path(_folder(root, "files"))
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(positions.table_of(cursors), folder / f"part_{uuid.uuid4()}.parquet")
 
 
 def sources(root: str, con: duckdb.DuckDBPyConnection) -> dict[str, str]:

@@ -22,10 +22,11 @@ from typing import Any, Final, Protocol
 import duckdb
 import pyarrow as pa
 
+from kvaudit.read import positions
 from kvaudit.read.arrow_tables import ArrowTables
-from kvaudit.read.columns import TABLES, Tables
+from kvaudit.read.columns import DUCKDB_TYPE, TABLES, Tables
 from kvaudit.read.database_tables import DatabaseTables
-from kvaudit.read.files import Cursor, expand_paths
+from kvaudit.read.files import Cursors, expand_paths, pending_bytes
 from kvaudit.read.reader import read_files
 
 _VIEWS: Final = {
@@ -50,8 +51,18 @@ class Rows(Protocol):
     def append(self, tables: Mapping[str, pa.Table]) -> None: ...
 
 
+# The DuckDB storage format `kvaudit ingest` writes: DuckDB's own default is its newest,
+# which the DuckDB releases people have cannot open (a 2.0 file is refused by 1.5's
+# command-line tool); 1.4 (DuckDB's long-term release) and every newer one read this.
+INGESTED_STORAGE: Final = "v1.4.0"
+
 class TraceStore:
     """Trace files as DuckDB views, read as they grow.
+
+    Files are followed by identity, not name (see `files`): a file renamed by a rotation
+    is read on from where it was, never again. Rows read from a file that is later
+    removed stay. In a database file, how far each file was read is kept beside the
+    rows (`positions`), so a store over the same files reads only what is new.
 
     Args:
         paths: trace files, directories and globs (see `files.expand_paths`); new files
@@ -72,11 +83,16 @@ class TraceStore:
         *,
         workers: int | None = None,
     ) -> None:
-        con = duckdb.connect(database or ":memory:")
+        con = duckdb.connect(database or ":memory:", config={"storage_compatibility_version": INGESTED_STORAGE})
         self._connect(con, ArrowTables(TABLES) if database is None else DatabaseTables(con))
         self.paths = [str(p) for p in paths]
         self._workers = workers
-        self._cursors: dict[str, Cursor] = {}
+        self._kept = database not in (None, ":memory:")  # positions kept in the database
+        self.cursors = Cursors()
+        if self._kept:
+            columns = ", ".join(f'"{f.name}" {DUCKDB_TYPE[f.type]}' for f in positions.SCHEMA)
+            con.execute(f"CREATE TABLE IF NOT EXISTS {positions.TABLE} ({columns}, PRIMARY KEY (device, inode))")
+            self.cursors = positions.cursors_of(self.arrow(f"SELECT * FROM {positions.TABLE}"))
         create_views(self.con)
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
 
@@ -85,7 +101,7 @@ class TraceStore:
         """A store over a connection whose `kv_*` tables and views exist already (see `open`); it reads no files."""
         store = cls.__new__(cls)
         store._connect(con, None)
-        store.paths, store._workers, store._cursors = [], None, {}
+        store.paths, store._workers, store._kept, store.cursors = [], None, False, Cursors()
         return store
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
@@ -131,22 +147,27 @@ class TraceStore:
         if not self.paths or self._rows is None:
             return Tables.concat([])
         with self._rows.batch():
-            return read_files(
-                expand_paths(self.paths),
-                self._cursors,
-                final=final,
-                workers=self._workers,
-                progress=progress,
-                sink=self.append,
-            )
+            try:
+                return read_files(
+                    expand_paths(self.paths, missing_ok=True),  # a file named may be between rotations
+                    self.cursors,
+                    final=final,
+                    workers=self._workers,
+                    progress=progress,
+                    sink=self.append,
+                )
+            finally:
+                if self._kept:  # in the transaction of the rows read: both or neither
+                    self._keep_positions()
+
+    def _keep_positions(self) -> None:
+        self._con.register("_positions", positions.table_of(self.cursors))
+        self._con.execute(f"INSERT OR REPLACE INTO {positions.TABLE} SELECT * FROM _positions")
+        self._con.unregister("_positions")
 
     def pending_bytes(self) -> int:
         """Bytes in the files not read yet (for progress bars)."""
-        total = 0
-        for path in expand_paths(self.paths):
-            cursor = self._cursors.get(path)
-            total += os.path.getsize(path) - (cursor.offset if cursor else 0)
-        return max(total, 0)
+        return pending_bytes(expand_paths(self.paths, missing_ok=True), self.cursors)
 
     def append(self, tables: Tables) -> None:
         """Add rows as a refresh reads them (tests and benchmarks add rows made otherwise).

@@ -281,7 +281,9 @@ class Simulation:
                 self._truth.append(self._fault(fault, replica, request, entry, page, t))
         fetch.end(_outcome(len(hits), record.used_tokens, record.tokens), tokens_hit=record.used_tokens, end_ns=t)
         request.computed.extend(range(len(hits), len(record.keys)))
-        record.prefill_s = cost.prefill_s(model, record.tokens - record.used_tokens)
+        # Rejected pages are recomputed as if they followed the used ones (attention over a
+        # slightly longer prefix than theirs: a small overestimate, only with the guard on).
+        record.prefill_s = cost.prefill_s(model, record.tokens - record.used_tokens, record.used_tokens)
         record.finish_ns = t + self._ns(record.prefill_s)
         record.ttft_s = (record.finish_ns - record.arrival_ns) / NS
         self._push(record.finish_ns, "finish", replica)

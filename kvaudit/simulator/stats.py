@@ -18,8 +18,8 @@ class Summary:
     cross: share of used tokens produced by another replica.
     ttft_ms: mean time to first token.
     ttft_x: mean TTFT without any reuse over mean TTFT with it (queueing included).
-    idle_x: the same without queueing: full prefill time over transfer plus
-        remaining prefill time, 1 / (1 - h + h × transfer/prefill per token) at hit rate h.
+    idle_x: the same without queueing: full prefill time over transfer plus remaining
+        prefill time (docs/boundaries.md), which also bounds the throughput gain.
     transfer: share of the service time spent moving KV rather than computing it.
     """
 

@@ -44,7 +44,7 @@ class DrillScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="finding") as box:
-            box.border_title = f"{self.finding.code} {self.finding.rule}"
+            box.border_title = Text(f"{self.finding.code} {self.finding.rule}")
             yield Static(_summary(self.finding))
         with Vertical(id="descriptors") as box:
             box.border_title = "fetched descriptor ⟷ stored descriptor"
@@ -79,13 +79,13 @@ def _summary(finding: FindingRow) -> Table:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("severity", cells.severity(finding.severity))
-    grid.add_row("message", finding.message)
-    grid.add_row("consumer", finding.replica or "–")
-    grid.add_row("producer", finding.producer or "–")
-    grid.add_row("key", finding.key or "–")
-    grid.add_row("trace / span", f"{finding.trace_id or '–'} / {finding.span_id or '–'}")
+    grid.add_row("message", cells.plain(finding.message))
+    grid.add_row("consumer", cells.plain(finding.replica))
+    grid.add_row("producer", cells.plain(finding.producer))
+    grid.add_row("key", cells.plain(finding.key))
+    grid.add_row("trace / span", cells.plain(f"{finding.trace_id or '–'} / {finding.span_id or '–'}"))
     if finding.file is not None:
-        grid.add_row("file", f"{finding.file}:{finding.line}")
+        grid.add_row("file", cells.plain(f"{finding.file}:{finding.line}"))
     return grid
 
 
@@ -100,7 +100,7 @@ def _value(value: Any, style: str = "") -> Text:
         return Text("absent", style="dim italic")
     text = str(list(value)) if isinstance(value, tuple) else str(value)
     # Both sides must fit beside each other; a long value (a key) is whole in the summary above.
-    return Text(cells.short_key(text, _VALUE_WIDTH), style=style)
+    return cells.plain(cells.short_key(text, _VALUE_WIDTH), style=style)
 
 
 def _subtitle(pair: DescriptorPair) -> str:

@@ -18,6 +18,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input
 
+from kvaudit.safe_text import visible
 from kvaudit.tui.figures import Figures
 from kvaudit.tui.filtering import Filter
 from kvaudit.tui.screens.drill import DrillScreen
@@ -112,7 +113,7 @@ class MainScreen(Screen[None]):
         try:
             self.app.call_from_thread(self._show, self.source.poll(window) if read else self.source.figures(window))
         except (duckdb.Error, OSError, ValueError) as exc:
-            self.app.call_from_thread(self.notify, f"reading the traces failed: {exc}", severity="error")
+            self.app.call_from_thread(self._error, f"reading the traces failed: {exc}")
 
     # The audit and the alert rules may take seconds over large traces: a worker of their own.
     @work(thread=True, group="analyse", exit_on_error=False)
@@ -120,10 +121,14 @@ class MainScreen(Screen[None]):
         try:
             analysed = self.source.analyse(window_named(self.window))
         except (duckdb.Error, OSError, ValueError) as exc:
-            self.app.call_from_thread(self.notify, f"auditing the traces failed: {exc}", severity="error")
+            self.app.call_from_thread(self._error, f"auditing the traces failed: {exc}")
             return
         if analysed is not None:
             self.app.call_from_thread(self._show, analysed)
+
+    def _error(self, message: str) -> None:
+        # An error may quote a file name or a value from the traces: shown as text, never as markup.
+        self.notify(visible(message), severity="error", markup=False)
 
     def _show(self, figures: Figures) -> None:
         # A result computed for a window the user has since left is dropped, not shown, and

@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from kvaudit.tui import cells
 from kvaudit.tui.figures import Figures
 
 _STATE_STYLE: Final = {"firing": "bold white on red", "pending": "black on yellow"}
@@ -37,9 +38,9 @@ class AlertsPanel(Static):
         for alert in figures.alerts:
             grid.add_row(
                 Text(f" {alert.state.upper()} ", style=_STATE_STYLE.get(alert.state, "")),
-                Text(alert.name, style="bold"),
-                Text(" ".join(f"{k}={v}" for k, v in alert.labels if k != "alertname"), style="dim"),
+                cells.plain(alert.name, style="bold"),
+                cells.plain(" ".join(f"{k}={v}" for k, v in alert.labels if k != "alertname"), style="dim"),
             )
             if alert.summary:
-                grid.add_row("", Text(alert.summary, style="italic"), "")
+                grid.add_row("", cells.plain(alert.summary, style="italic"), "")
         return grid

@@ -19,11 +19,11 @@ MAX_ROWS: Final = 500
 class FindingsTable(SortableTable[FindingRow]):
     COLUMNS: ClassVar = (
         Column("severity", lambda f: cells.severity(f.severity), lambda f: (f.severity_rank, f.code)),
-        Column("rule", lambda f: f"{f.code} {f.rule}", lambda f: (f.code, f.severity_rank)),
-        Column("replica", lambda f: f.replica or "–", lambda f: (f.replica or "", f.severity_rank)),
-        Column("producer", lambda f: f.producer or "–", lambda f: (f.producer or "", f.severity_rank)),
-        Column("key", lambda f: cells.short_key(f.key), lambda f: (f.key or "", f.severity_rank)),
-        Column("message", lambda f: f.message, lambda f: (f.message, f.severity_rank)),
+        Column("rule", lambda f: cells.plain(f"{f.code} {f.rule}"), lambda f: (f.code, f.severity_rank)),
+        Column("replica", lambda f: cells.plain(f.replica), lambda f: (f.replica or "", f.severity_rank)),
+        Column("producer", lambda f: cells.plain(f.producer), lambda f: (f.producer or "", f.severity_rank)),
+        Column("key", lambda f: cells.plain(cells.short_key(f.key)), lambda f: (f.key or "", f.severity_rank)),
+        Column("message", lambda f: cells.plain(f.message), lambda f: (f.message, f.severity_rank)),
     )
 
     figures: reactive[Figures | None] = reactive(None, init=False)

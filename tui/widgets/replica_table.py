@@ -18,7 +18,7 @@ def _none_last(value: float | int | None) -> float:
 
 class ReplicaTable(SortableTable[ReplicaFigures]):
     COLUMNS: ClassVar = (
-        Column("replica", lambda r: r.replica, lambda r: r.replica),
+        Column("replica", lambda r: cells.plain(r.replica), lambda r: r.replica),
         Column("requests", lambda r: cells.count(r.requests), lambda r: r.requests, descending=True),
         Column("hit rate", lambda r: cells.percent(r.hit_rate), lambda r: _none_last(r.hit_rate), descending=True),
         Column(

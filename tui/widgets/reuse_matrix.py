@@ -42,16 +42,16 @@ class ReuseMatrix(DataTable[Text]):
         top = max((c.used_tokens for c in reuse if c.producer not in (None, c.consumer)), default=0)
         grid = {(c.producer or NO_STORE, c.consumer): c for c in reuse}
         rows = [
-            [Text(producer, style="bold")]
+            [cells.plain(producer, style="bold")]
             + [_cell(grid.get((producer, consumer)), top, diagonal=producer == consumer) for consumer in consumers]
             for producer in producers
         ]
-        labels = [_CORNER, *consumers]
+        labels = [Text(_CORNER), *(cells.plain(consumer) for consumer in consumers)]
         self.clear(columns=True)
         # Widths set here, not measured later on idle: the matrix is whole in every frame.
-        for i, label in enumerate(labels):
-            width = max([len(label), *(row[i].cell_len for row in rows)])
-            self.add_column(label, key=label, width=width)
+        for i, (label, key) in enumerate(zip(labels, [_CORNER, *consumers])):
+            width = max([label.cell_len, *(row[i].cell_len for row in rows)])
+            self.add_column(label, key=key, width=width)
         for producer, row in zip(producers, rows):
             self.add_row(*row, key=producer)
 

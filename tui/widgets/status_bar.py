@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from kvaudit.safe_text import visible
 from kvaudit.tui.figures import Figures
 from kvaudit.tui.filtering import Filter
 from kvaudit.tui.window import WINDOWS
@@ -36,7 +37,7 @@ class StatusBar(Static):
         for window in WINDOWS:
             current = window.name == self.window
             text.append(f" {window.name} ", style="bold reverse" if current else "dim")
-        text.append(f"   {self._watching}", style="italic")
+        text.append(f"   {visible(self._watching)}", style="italic")
         figures = self.figures
         if figures is None:
             text.append("   loading…", style="dim")
@@ -48,5 +49,5 @@ class StatusBar(Static):
         if figures.read_errors:
             text.append(f" · {figures.read_errors} unreadable lines", style="bold yellow")
         if self.view_filter:
-            text.append(f"   filter: {self.view_filter}", style="bold magenta")
+            text.append(f"   filter: {visible(str(self.view_filter))}", style="bold magenta")
         return text
