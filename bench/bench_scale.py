@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from bench import scale_codecs
 from bench.common import machine
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
@@ -47,6 +48,9 @@ PAGE_BYTES: Final = 2 * 46 * PAGE_TOKENS * 16 * 128 * 2
 START_NS: Final = 1_796_083_200 * 10**9  # 2026-12-01 00:00 UTC
 MEMORY: Final = os.environ.get("KVAUDIT_BENCH_MEMORY", "4GB")  # DuckDB's limit: it spills beyond
 WHOLE_AUDIT_UP_TO: Final = 10_000_000  # beyond, only the audit by day (the whole one outgrows the machine)
+# Fetched pages per partition of the audit by day: small enough that the sizes this machine
+# can hold split into several, so that its peak memory shows whether it follows a partition.
+PARTITION_ROWS: Final = int(os.environ.get("KVAUDIT_BENCH_PARTITION_ROWS", "1000000"))
 QUERIES: Final = {
     "scan": "SELECT count(*) AS pages, sum(bytes) AS bytes, count(DISTINCT key) AS keys FROM pages",
     "filter": "SELECT count(*) AS pages, sum(bytes) AS bytes FROM pages WHERE replica = 'r3' AND op = 'fetch'",
@@ -61,14 +65,14 @@ def main() -> None:
     work = Path(root) if root else Path(tempfile.mkdtemp(prefix="kvaudit-scale-"))
     print(machine())
     try:
-        for pages in sizes:
-            _bench(pages, work / f"{pages}")
+        for number, pages in enumerate(sizes):
+            _bench(pages, work / f"{pages}", codecs=number == len(sizes) - 1)
     finally:
         if not root:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _bench(pages: int, work: Path) -> None:
+def _bench(pages: int, work: Path, *, codecs: bool) -> None:
     print(f"\n{pages:,} page descriptors ({pages // PAGES_PER_SPAN:,} spans, {REPLICAS} replicas)")
     database, dataset, chdb = work / "fleet.duckdb", work / "parquet", work / "chdb"
     if (work / "complete").is_file():
@@ -107,6 +111,8 @@ def _bench(pages: int, work: Path) -> None:
             f"  {name:<10}" + "".join(f"{s:>12.2f}" for s in seconds) + f"   {ratio:>21.2f}x"
             f"  ({seconds[-1] / pages * 1e9:.1f} ns per descriptor){agree}"
         )
+    if codecs:
+        print("\n".join(scale_codecs.measure(typed)))
     for backend in backends.values():
         backend.close()
     # Each audit in a process of its own (chdb's database directory admits one process at a time).
@@ -115,7 +121,7 @@ def _bench(pages: int, work: Path) -> None:
     for kind, path in (("duckdb", database), ("parquet", dataset), ("chdb", chdb)):
         for mode in modes:
             result = subprocess.run(
-                [sys.executable, "-m", "bench.scale_audit", kind, str(path), mode],
+                [sys.executable, "-m", "bench.scale_audit", kind, str(path), mode, str(PARTITION_ROWS)],
                 capture_output=True,
                 text=True,
                 check=True,

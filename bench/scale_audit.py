@@ -1,9 +1,10 @@
 """One measured audit for bench_scale, in its own process so that its peak memory is its own.
 
-    python -m bench.scale_audit duckdb fleet.duckdb by-day | parquet DIR whole | chdb DIR by-day
+    python -m bench.scale_audit duckdb fleet.duckdb by-day 1000000 | parquet DIR whole | chdb DIR by-day
 
-Prints the seconds the audit took, the CPU seconds this process used, its peak resident
-memory in KiB, the number of findings and of partitions (1 for the whole audit).
+The last argument is the fetched pages per partition of the audit by day. Prints the
+seconds the audit took, the CPU seconds this process used, its peak resident memory in KiB,
+the number of findings and of partitions (1 for the whole audit).
 DuckDB's memory limit is KVAUDIT_BENCH_MEMORY (default 4GB), as in bench_scale.
 """
 
@@ -15,7 +16,7 @@ import sys
 import time
 
 from kvaudit.analyse.audit import run_audit
-from kvaudit.analyse.audit_partitions import plan, run_audit_by_partition
+from kvaudit.analyse.audit_partitions import ROWS_PER_PARTITION, plan, run_audit_by_partition
 from kvaudit.backends import Backend
 from kvaudit.backends.clickhouse import connect
 from kvaudit.backends.duckdb_backend import DuckDBBackend
@@ -30,11 +31,13 @@ def open_backend(kind: str, path: str) -> Backend:
     return DuckDBBackend(store)
 
 
-def main(kind: str, path: str, mode: str) -> None:
+def main(kind: str, path: str, mode: str, partition_rows: str = str(ROWS_PER_PARTITION)) -> None:
     backend = open_backend(kind, path)
+    rows = int(partition_rows)
     started = time.perf_counter()
     if mode == "by-day":
-        findings, partitions = run_audit_by_partition(backend), len(plan(backend))
+        findings = run_audit_by_partition(backend, rows_per_partition=rows)
+        partitions = len(plan(backend, rows_per_partition=rows))
     else:
         findings, partitions = run_audit(backend), 1
     elapsed = time.perf_counter() - started

@@ -193,7 +193,7 @@ class ClickHouseBackend(Backend):
         elif self.typed:
             logger.warning(
                 "ClickHouse: %s, so every query decodes the attribute maps of %s (5-10x the cost per row);"
-                " `kvaudit clickhouse setup` creates them",
+                " see `kvaudit clickhouse setup`",
                 unusable,
                 self.table,
             )

@@ -42,8 +42,10 @@ from kvaudit.read.columns import PAGES_SCHEMA, RESOURCES_SCHEMA, SPANS_SCHEMA
 # Strings with as many values as rows (ids, hashes): stored plainly. Every other string
 # (replicas, ops, models, dtypes, layouts, ...) has few values and is LowCardinality.
 _MANY_VALUES: Final = frozenset({"key", "trace_id", "span_id", "parent_span_id", "request_id", "checksum"})
-# Codecs by measurement (docs/scale.md, "Typed tables"): keys are random hashes, and the
-# rest compresses to almost nothing under ZSTD.
+# Codecs by measurement (docs/scale.md, "Typed tables": bench/scale_codecs.py on the
+# bench's fleet): ZSTD(1) halves LZ4's size for the ids and hashes that dominate, and
+# ZSTD(3) gains little more; a time column also halves again under Delta (a key's store
+# and fetches lie together, seconds apart; a replica's spans follow one another).
 _CODECS: Final = {
     pa.string(): "ZSTD(1)",
     pa.int64(): "ZSTD(1)",
@@ -51,6 +53,8 @@ _CODECS: Final = {
     pa.list_(pa.int64()): "ZSTD(1)",
     pa.map_(pa.string(), pa.string()): "ZSTD(1)",
 }
+_TIME_CODEC: Final = "Delta, ZSTD(1)"
+_TIMES: Final = frozenset({"time_ns", "start_ns", "end_ns"})
 _TYPES: Final = {
     pa.string(): "String",
     pa.int64(): "Int64",
@@ -137,10 +141,15 @@ def column_type(table: TypedTable, field: pa.Field) -> str:
     return base
 
 
+def codec(field: pa.Field) -> str:
+    """The compression codec of a stored column."""
+    return _TIME_CODEC if field.name in _TIMES else _CODECS[field.type]
+
+
 def create_table(table: TypedTable, source: str = DEFAULT_TABLE) -> str:
     """`CREATE TABLE IF NOT EXISTS` for one typed table."""
     columns = ",\n    ".join(
-        f"{field.name} {column_type(table, field)} CODEC({_CODECS[field.type]})" for field in table.columns
+        f"{field.name} {column_type(table, field)} CODEC({codec(field)})" for field in table.columns
     )
     partition = f"\nPARTITION BY {table.partition_by}" if table.partition_by else ""
     return (
@@ -233,7 +242,7 @@ def comment(table: TypedTable, source: str) -> str:
     """What a typed table and its materialized view say about themselves: their source and layout."""
     layout = "\n".join(
         [table.engine, table.order_by, table.partition_by or ""]
-        + [f"{field.name} {column_type(table, field)} {_CODECS[field.type]}" for field in table.columns]
+        + [f"{field.name} {column_type(table, field)} {codec(field)}" for field in table.columns]
         + [insert_query(table, source)]
     )
     fingerprint = hashlib.sha256(layout.encode()).hexdigest()[:16]
