@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from kvaudit.analyse.audit import Finding, audit_query, findings, page_rules, prepare, sort_key, trace_rules
+from kvaudit.analyse.audit import Finding, audit_statements, findings, page_rules, prepare, sort_key, trace_rules
 from kvaudit.backends import Source, as_backend
 from kvaudit.contract import Op
 
@@ -121,11 +121,11 @@ def audit_partition(
     backend = as_backend(source)
     prepare(backend)
     if partition == TRACES:
-        return findings(backend, audit_query(trace_rules()), skew_s=skew_s)
+        return findings(backend, audit_statements(backend, trace_rules()), skew_s=skew_s)
     if isinstance(partition, str):
         partition = Partition.parse(partition)
-    statement = audit_query(page_rules(), pages=partition.pages(max(lookback_s, skew_s)))
-    return findings(backend, statement, skew_s=skew_s)
+    statements = audit_statements(backend, page_rules(), pages=partition.pages(max(lookback_s, skew_s)))
+    return findings(backend, statements, skew_s=skew_s)
 
 
 def run_audit_by_partition(

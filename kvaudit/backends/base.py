@@ -76,6 +76,9 @@ class Backend(ABC):
 
     dialect: ClassVar[str]
     """The SQL dialect the backend runs natively, in sqlglot's naming (`duckdb`, `clickhouse`)."""
+    inlines_ctes: ClassVar[bool] = False
+    """Whether a CTE read in several places is computed once for each (ClickHouse), rather than once
+    (DuckDB's `MATERIALIZED`): there, many readers of one CTE cost more apart than together."""
 
     @abstractmethod
     def query(self, sql: str, params: Params | None = None) -> tuple[list[str], Rows]:

@@ -176,6 +176,7 @@ class ClickHouseBackend(Backend):
     """
 
     dialect = WRITE
+    inlines_ctes = True  # `translate`: `[NOT] MATERIALIZED` is dropped, and ClickHouse inlines CTEs
 
     def __init__(self, connection: Connection, table: str = DEFAULT_TABLE, *, typed: bool = True) -> None:
         self.connection = connection
