@@ -50,7 +50,7 @@ MEMORY: Final = os.environ.get("KVAUDIT_BENCH_MEMORY", "4GB")  # DuckDB's limit:
 WHOLE_AUDIT_UP_TO: Final = 10_000_000  # beyond, only the audit by day (the whole one outgrows the machine)
 # Fetched pages per partition of the audit by day: small enough that the sizes this machine
 # can hold split into several, so that its peak memory shows whether it follows a partition.
-PARTITION_ROWS: Final = int(os.environ.get("KVAUDIT_BENCH_PARTITION_ROWS", "1000000"))
+PARTITION_ROWS: Final = int(os.environ.get("KVAUDIT_BENCH_PARTITION_ROWS", "500000"))
 QUERIES: Final = {
     "scan": "SELECT count(*) AS pages, sum(bytes) AS bytes, count(DISTINCT key) AS keys FROM pages",
     "filter": "SELECT count(*) AS pages, sum(bytes) AS bytes FROM pages WHERE replica = 'r3' AND op = 'fetch'",
