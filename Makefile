@@ -14,6 +14,7 @@ $(INSTALLED): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[all,dev]'
+	$(PY) -m kvaudit.read.scanner_cache  # the page scanner's machine code, once (about a minute)
 	touch $@
 
 engines: $(ENGINES)
