@@ -33,8 +33,8 @@ def instrumentation_dependencies() -> tuple[str, ...]:
 
 
 def supported_specifier() -> str:
-    """The supported range as a PEP 440 specifier, e.g. `<0.35,>=0.32`."""
-    return str(_REQUIREMENT.specifier)
+    """The supported range as a PEP 440 specifier, lower bound first: `>=0.32,<0.35`."""
+    return ",".join(sorted(map(str, _REQUIREMENT.specifier), key=lambda bound: not bound.startswith(">")))
 
 
 def first_releases() -> tuple[str, ...]:

