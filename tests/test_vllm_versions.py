@@ -199,6 +199,15 @@ def test_wrapped_multiconnector_roles(reports: dict[str, dict[str, Any]], releas
         assert warnings == []
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_example_connector_pages_are_described(reports: dict[str, dict[str, Any]], release: str) -> None:
+    """The hook reads ExampleConnector's metadata and file naming, which no interface promises."""
+    assert _report(reports, release)["example_format"] == [
+        {"dtype": "bfloat16", "shape": [2, BLOCK, 2, 64], "layout": "NT_NH_2HS", "token_start": start}
+        for start in (0, BLOCK)
+    ]
+
+
 @pytest.fixture
 def context() -> Iterator[zmq.Context]:
     context = zmq.Context()

@@ -21,6 +21,8 @@ that to what it must be, so a failure names the member and the release.
   scheduler output's new and resumed requests, the guard's rejected blocks through
   vLLM's `KVOutputAggregator` (deferred outputs of failed workers since 0.33), and the
   KV roles of a wrapped MultiConnector (from its children since 0.34).
+- `example_format`: ExampleConnector's private parts the hook reads (its metadata's
+  requests, its file naming), as this release has them.
 - `kv_events`: one fixed stream of events encoded with this release's own structs,
   with and (since 0.33) without `lookahead_token_ids`.
 """
@@ -31,6 +33,7 @@ import copy
 import enum
 import functools
 import inspect
+import itertools
 import json
 import logging
 import sys
@@ -65,6 +68,9 @@ CLASS_HOOK_ARGUMENTS: dict[str, Callable[[KVTransferConfig, VllmConfig], Any]] =
 }
 
 
+_WRAPPERS = itertools.count()
+
+
 class Arg:
     """An argument only the call it was made for could pass on."""
 
@@ -87,6 +93,7 @@ def main(model_dir: str, work: Path, out: Path) -> None:
         "plans": plans(base, work),
         "aggregator": aggregator(base, work),
         "roles": roles(base, work),
+        "example_format": example_format(base, work),
         "kv_events": kv_events(),
     }
     out.write_text(json.dumps(report, indent=1))
@@ -118,7 +125,8 @@ def _outer(name: str, extra: dict[str, Any], audit: dict[str, Any], kv_role: str
 def _wrapper(
     base: VllmConfig, work: Path, cls: type, role: KVConnectorRole, audit: dict[str, Any], **extra: Any
 ) -> Any:
-    export = {"export": f"file:{work / 'spans.jsonl'}"}
+    # A file of its own: a wrapper's exporter holds its file until the wrapper shuts down.
+    export = {"export": f"file:{work / f'spans-{next(_WRAPPERS)}.jsonl'}"}
     transfer = _outer(cls.__name__, extra, {**audit, **export})
     return KVConnectorFactory.create_connector(_with_transfer(base, transfer), role, Arg("kv_cache_config"))
 
@@ -480,6 +488,41 @@ def roles(base: VllmConfig, work: Path) -> dict[str, Any]:
         }
     logger.removeHandler(handler)
     return observed
+
+
+def example_format(base: VllmConfig, work: Path) -> list[dict[str, Any]]:
+    """What the hook reads of ExampleConnector's private parts (its metadata's requests, its
+    file naming): a load the release's own metadata describes, from files named as the
+    release's connector names them, described as fetched pages."""
+    import safetensors.torch
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnectorMetadata
+
+    storage = work / "example-format"
+    wrapper = _wrapper(
+        base,
+        work,
+        KVAuditConnector,
+        KVConnectorRole.WORKER,
+        {"wrap": "ExampleConnector"},
+        shared_storage_path=str(storage),
+    )
+    tokens = list(range(3, 3 + 2 * BLOCK + 1))  # ExampleConnector keeps whole blocks short of the last token
+    meta = ExampleConnectorMetadata()
+    meta.add_request(token_ids=tokens, block_ids=[5, 6], block_size=BLOCK, is_store=False, mm_hashes=[])
+    record = meta.requests[0]
+    for layer in ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"):
+        filename = wrapper._inner._generate_filename_debug(layer, record.token_ids, record.mm_hashes)
+        # One layer's KV of the tiny model as ExampleConnector saves it: (tokens, KV heads, 2 x head size).
+        safetensors.torch.save_file(
+            {"kv_cache": torch.zeros(len(record.token_ids), 2, 64, dtype=torch.bfloat16)}, filename
+        )
+    plan = RequestPlan("example", "example", ["aa" * 32, "bb" * 32], [5, 6], load_tokens=2 * BLOCK)
+    (unit,) = wrapper._format.units(meta, [plan])
+    return [
+        {"dtype": page.dtype, "shape": list(page.shape or ()), "layout": page.layout, "token_start": page.token_start}
+        for page in wrapper._format.describe_fetch(unit)
+    ]
 
 
 # ---- KV events ----
