@@ -141,6 +141,12 @@ def run_replica(
     return json.loads(lines[-1].removeprefix("RESULT "))[0]
 
 
+def all_ran(checks: Checks, case: str, runs: dict[str, dict[str, Any]]) -> bool:
+    for name, run in runs.items():
+        checks.check(case, f"{name} ran", None, run.get("error"))
+    return not any("error" in run for run in runs.values())
+
+
 def pages(out: Path, replica: str, op: str) -> list[dict[str, Any]]:
     store = open_store([str(out / "traces")])
     try:
@@ -168,9 +174,7 @@ def example_connector(checks: Checks, out: Path) -> None:
     ):
         extra = {"shared_storage_path": str(out / "kv" / store)}
         runs[name] = run_replica(name, out, transfer("ExampleConnector", extra, replica, out))
-    for name, run in runs.items():
-        checks.check(case, f"{name} ran", None, run.get("error"))
-    if any("error" in run for run in runs.values()):
+    if not all_ran(checks, case, runs):
         return
     checks.check(case, "r1 output = unwrapped output", runs["plain1"]["tokens"], runs["r1"]["tokens"])
     checks.check(case, "r2 output = unwrapped output", runs["plain2"]["tokens"], runs["r2"]["tokens"])
@@ -227,29 +231,28 @@ def lmcache_connector(checks: Checks, out: Path) -> None:
         return
     runs = {}
     # Each pair its own server: the wrapped consumer's hits must be the wrapped producer's.
-    for pair, wrapped in (("plain", False), ("l", True)):
+    for pair, wrapped in (("lm-plain", False), ("lm", True)):
         with lmcache_server() as url:
             env = {**LMCACHE_ENV, "LMCACHE_REMOTE_URL": url}
             for name in (f"{pair}1", f"{pair}2"):
                 kv_transfer = transfer("LMCacheConnectorV1", {}, name if wrapped else None, out)
                 runs[name] = run_replica(name, out, kv_transfer, env)
-    for name, run in runs.items():
-        checks.check(case, f"{name} ran", None, run.get("error"))
-    if any("error" in run for run in runs.values()):
+    if not all_ran(checks, case, runs):
         return
-    checks.check(case, "l1 output = unwrapped output", runs["plain1"]["tokens"], runs["l1"]["tokens"])
-    checks.check(case, "l2 output = unwrapped output", runs["plain2"]["tokens"], runs["l2"]["tokens"])
-    checks.check(case, "l2 cached tokens (unwrapped: same)", runs["plain2"]["cached"], runs["l2"]["cached"])
-    checks.check(case, "l2 cached tokens > 0", True, runs["l2"]["cached"] > 0)
+    plain1, plain2, lm2 = runs["lm-plain1"], runs["lm-plain2"], runs["lm2"]
+    checks.check(case, "lm1 output = unwrapped output", plain1["tokens"], runs["lm1"]["tokens"])
+    checks.check(case, "lm2 output = unwrapped output", plain2["tokens"], lm2["tokens"])
+    checks.check(case, "lm2 cached tokens (unwrapped: same)", plain2["cached"], lm2["cached"])
+    checks.check(case, "lm2 cached tokens > 0", True, lm2["cached"] > 0)
     store = open_store([str(out / "traces")])
     try:
-        _, rows = store.query("SELECT op, outcome, tokens_hit FROM spans WHERE replica = 'l2' AND op IS NOT NULL")
+        _, rows = store.query("SELECT op, outcome, tokens_hit FROM spans WHERE replica = 'lm2' AND op IS NOT NULL")
     finally:
         store.close()
     ops = {op: (outcome, hit) for op, outcome, hit in rows}
-    checks.check(case, "l2 lookup tokens hit", runs["l2"]["cached"], ops.get("lookup", (None, None))[1])
-    checks.check(case, "l2 fetch tokens hit", runs["l2"]["cached"], ops.get("fetch", (None, None))[1])
-    checks.check(case, "l2 fetched pages", runs["l2"]["cached"] // BLOCK, len(pages(out, "l2", "fetch")))
+    checks.check(case, "lm2 lookup tokens hit", lm2["cached"], ops.get("lookup", (None, None))[1])
+    checks.check(case, "lm2 fetch tokens hit", lm2["cached"], ops.get("fetch", (None, None))[1])
+    checks.check(case, "lm2 fetched pages", lm2["cached"] // BLOCK, len(pages(out, "lm2", "fetch")))
 
 
 def sleep_mode(checks: Checks, out: Path) -> None:
