@@ -41,6 +41,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.tui",
     "kvaudit.commands.alerts",
     "kvaudit.commands.exporter",
+    "kvaudit.commands.doctor",
 )
 
 

@@ -371,10 +371,14 @@ def test_audit_reports_the_fault(store: TraceStore) -> None:
 
 
 def test_version_gate() -> None:
-    from kvaudit.hooks.vllm.version import is_supported
+    from kvaudit.hooks.vllm.version import first_releases, instrumentation_dependencies, is_supported
 
-    assert is_supported("0.32.0") and is_supported("0.32.3+cpu")
-    assert not is_supported("0.31.9") and not is_supported("0.33.0") and not is_supported("garbage")
+    assert instrumentation_dependencies() == ("vllm >= 0.32, < 0.35",)
+    assert first_releases() == ("0.32.0", "0.33.0", "0.34.0")
+    assert all(is_supported(v) for v in ("0.32.0", "0.32.3+cpu", "0.33.0", "0.34.2"))
+    # Outside the range, and builds no conformance test has seen (release candidates, nightlies).
+    for version in ("0.31.9", "0.35.0", "0.35.0rc1", "0.34.1.dev5+g62d4bc3", "garbage"):
+        assert not is_supported(version), version
 
 
 def test_settings_require_wrap_and_replica() -> None:

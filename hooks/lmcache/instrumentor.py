@@ -33,6 +33,13 @@ SUPPORTED_VERSIONS: Final = ("0.5.6",)
 _originals: dict[tuple[type, str], Callable[..., Any]] = {}
 
 
+def refusal(version: str) -> str | None:
+    """Why the hook does not instrument LMCache `version`, or None when it does (`kvaudit doctor` asks too)."""
+    if version in SUPPORTED_VERSIONS:
+        return None
+    return f"LMCache {version} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})"
+
+
 def is_instrumented() -> bool:
     return bool(_originals)
 
@@ -61,12 +68,9 @@ def instrument(
         return True
     import lmcache
 
-    if lmcache.__version__ not in SUPPORTED_VERSIONS:
-        logger.error(
-            "kvaudit: LMCache %s is not supported (supported: %s); LMCache hooks not installed",
-            lmcache.__version__,
-            ", ".join(SUPPORTED_VERSIONS),
-        )
+    reason = refusal(lmcache.__version__)
+    if reason is not None:
+        logger.error("kvaudit: %s; LMCache hooks not installed", reason)
         return False
     from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
