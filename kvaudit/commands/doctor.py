@@ -260,7 +260,10 @@ def _otlp_endpoint(spec: str | None) -> str:
 
 def page_scanner_report() -> dict[str, Any]:
     """Whether numba has the page scanner's compiled code on disk (kvaudit.read.page_scan)."""
+    from kvaudit.read import scanner_cache
+
     report: dict[str, Any] = {"numba": None, "cache_dir": None, "functions": 0, "cached": 0, "problem": None}
+    report["state"] = scanner_cache.state()  # built, building, failed, not built, unavailable
     try:
         import numba
 
@@ -286,7 +289,7 @@ def page_scanner_report() -> dict[str, Any]:
         writable = os.access(cache_dir if cache_dir.exists() else cache_dir.parent, os.W_OK)
         if report["cached"] < len(indexes) and not writable and report["problem"] is None:
             report["problem"] = (
-                f"{cache_dir} is not writable: every process compiles the page scanner again (set NUMBA_CACHE_DIR)"
+                f"{cache_dir} is not writable: every process compiles the page scanner again (set KVAUDIT_CACHE_DIR)"
             )
     return report
 
@@ -334,5 +337,9 @@ def _scanner_lines(scanner: dict[str, Any]) -> list[str]:
     return [
         f"page scanner: numba {scanner['numba']}, {scanner['cached']} of {scanner['functions']} functions compiled"
         + (f" in {scanner['cache_dir']}" if scanner["cache_dir"] else "")
-        + ("" if scanner["cached"] == scanner["functions"] else " (the first read compiles them)")
+        + (
+            ""
+            if scanner["cached"] == scanner["functions"]
+            else " (the first large read builds them in the background; python -m kvaudit.read.scanner_cache now)"
+        )
     ]
