@@ -100,7 +100,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument(
         "--external-url",
         type=external_url,
-        default="",
         metavar="URL",
         help="webhooks: the payload's externalURL, where a reader goes for more (a dashboard, the report)",
     )
@@ -235,7 +234,7 @@ def run_watch(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be longer than 0s")
     http = HttpPoster(timeout_s=args.timeout, retries=args.retries)
     notifiers = [
-        parse_notifier(spec, http, external_url=args.external_url, group_by=args.group_by)
+        parse_notifier(spec, http, external_url=args.external_url or "", group_by=args.group_by)
         for spec in args.notify or ["stdout"]
     ]
     engine = RuleEngine(

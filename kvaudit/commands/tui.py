@@ -22,7 +22,7 @@ from kvaudit.receive.otlp_http import CollectorServer, parse_address
 from kvaudit.receive.trace_sink import TraceSink
 from kvaudit.tui.alerting import rule_alerting
 from kvaudit.tui.findings import auditor
-from kvaudit.tui.source import NO_RULES, LiveSource, snapshot
+from kvaudit.tui.source import LiveSource, snapshot
 from kvaudit.tui.window import DEFAULT_WINDOW, WINDOWS, window_named
 
 DEFAULT_COLLECT = "127.0.0.1:4318"
@@ -53,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--interval", type=duration, default=1.0, help="time between reads of the traces (default 1s)")
     add_skew_option(parser)
-    parser.add_argument("--rules", metavar="FILE", help="alert rule file whose pending and firing alerts to show")
+    parser.add_argument(
+        "--rules",
+        metavar="FILE",
+        help="alert rule file whose pending and firing alerts to show (default: the default rule pack)",
+    )
     parser.add_argument("--snapshot", action="store_true", help="print the figures once as JSON and exit")
     parser.set_defaults(run=run)
 
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     window = window_named(args.window)
     if args.rules and not Path(args.rules).is_file():
         raise FileNotFoundError(f"{args.rules}: no such rule file")
+    alerting = rule_alerting(args.rules, skew_s=args.skew)  # the default pack without --rules
     with ExitStack() as stack:
         if args.collect:
             server = CollectorServer(parse_address(args.collect), TraceSink(args.out)).start()
@@ -81,11 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 "stdout is not a terminal: the live view needs one (--snapshot prints its figures as JSON)"
             )
         source = LiveSource(
-            backend,
-            auditor=auditor(args.skew),
-            alerting=rule_alerting(args.rules, skew_s=args.skew) if args.rules else None,
-            alerts_note=NO_RULES,
-            skew_s=args.skew,
+            backend, auditor=auditor(args.skew), alerting=alerting, alerts_source=alerting.name, skew_s=args.skew
         )
         stack.callback(source.close)
         if args.snapshot:
