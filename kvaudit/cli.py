@@ -21,9 +21,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from kvaudit import __version__
 from kvaudit.commands.exit_status import ExitStatus
 from kvaudit.commands.extras import extra_providing
+from kvaudit.commands.version import VersionAction
 from kvaudit.safe_text import visible
 
 DEBUG_VARIABLE = "KVAUDIT_DEBUG"
@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog='Example: kvaudit sql traces/ "SELECT replica, op, count(*) FROM pages GROUP BY ALL"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--version", action=_Version, nargs=0, help="kvaudit's version, and whether its page scanner is built"
-    )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument(
         "--debug", action="store_true", help=f"show the traceback of an internal error (or set {DEBUG_VARIABLE}=1)"
     )
@@ -62,16 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         importlib.import_module(name).register(subparsers)
     return parser
-
-
-class _Version(argparse.Action):
-    """Print the version and the page scanner's state (asked only when shown: it reads the disk)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        from kvaudit.read import scanner_cache
-
-        print(f"kvaudit {__version__}\n{scanner_cache.describe()}")
-        parser.exit()
 
 
 class _VisibleFormatter(logging.Formatter):
