@@ -205,7 +205,7 @@ def test_local_tier_serves_its_own_replica_first(tmp_path: Path):
 def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "out"
     args = ["simulate", "--out", str(out), "--duration", "30", "--rate", "0.5", "--fault", "rolling-upgrade:10"]
-    assert main([*args, "--router", "prefix-aware", "--local-gib", "16", "--guard"]) == 0
+    assert main([*args, "--router", "prefix-aware", "--local-gib", "16", "--guard", "--prevent"]) == 0
     assert "Per workload" in capsys.readouterr().out
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.*")) == [
         GROUND_TRUTH_FILE,
@@ -216,3 +216,33 @@ def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert "raw-ptr:7" in capsys.readouterr().err
     assert main(["simulate", "--out", str(out), "--gpu", "a100", "--precision", "fp8"]) == 2
     assert "no fp8 tensor cores" in capsys.readouterr().err
+
+
+UPGRADE = dataclasses.replace(SMALL, faults=Faults(upgrade_at_s=45, guard=True))
+# The bytes of fetched pages whose layout is not their consumer's: what the guard rejects.
+FOREIGN_BYTES = (
+    "SELECT coalesce(sum(p.bytes), 0) FROM pages p JOIN replicas r USING (resource_id)"
+    " WHERE p.op = 'fetch' AND p.layout IS DISTINCT FROM r.layout"
+)
+
+
+def test_prevent_rolling_upgrade_moves_no_bytes_for_pages_the_guard_would_reject(tmp_path: Path):
+    guarded, guard_store = _run(UPGRADE, tmp_path / "guard")
+    config = dataclasses.replace(UPGRADE, faults=dataclasses.replace(UPGRADE.faults, prevent=True))
+    prevented, store = _run(config, tmp_path / "prevent")
+    # Guard only: the old layout's pages reach the upgraded replica, move, and are rejected.
+    rejected_pages = sum(r.rejected_tokens for r in guarded.requests) // UPGRADE.page_tokens
+    assert rejected_pages > 0
+    assert guard_store.query(FOREIGN_BYTES)[1] == [(rejected_pages * UPGRADE.model.page_bytes(UPGRADE.page_tokens),)]
+    # Prevention: they are never found, so nothing of theirs moves and nothing is rejected.
+    assert store.query(FOREIGN_BYTES)[1] == [(0,)]
+    assert prevented.ground_truth == []
+    assert sum(r.rejected_tokens for r in prevented.requests) == 0
+    assert run_audit(store) == []
+    # The upgraded replica still reuses pages of its own layout.
+    _, packed = store.query(
+        "SELECT count(*) FROM pages p JOIN replicas r USING (resource_id)"
+        " WHERE p.op = 'fetch' AND p.used AND r.layout = $layout",
+        {"layout": LAYOUT_PACKED},
+    )
+    assert packed[0][0] > 0

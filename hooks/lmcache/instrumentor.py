@@ -10,7 +10,8 @@ Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode ac
 here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
 finish, not guarded), `batched_contains` (lookups); and, only to learn what those
 cannot see, the token databases' `process_tokens` (each key's token range, the hash
-algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id). And
+algorithm; with `prevent`, it puts the geometry tag into their keys) and
+`LMCacheEngine.store`/`retrieve`/`lookup` (the request id). And
 `LocalCPUBackend.remove` / `LocalDiskBackend.remove`, every page leaving those stores
 (evictions; see `evict`).
 """
@@ -24,7 +25,7 @@ from typing import Any, Final
 
 from kvaudit.contract import Op, Outcome
 from kvaudit.emit.emitter import Emitter
-from kvaudit.hooks.lmcache import evict, fetch, runtime
+from kvaudit.hooks.lmcache import evict, fetch, prevent, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def instrument(
     guard: bool = False,
     checksum_rate: float = 0.0,
     registry: str | None = None,
+    prevent: bool = False,
 ) -> bool:
     """Install the fetch and lookup hooks; False (and one log line) on an unsupported LMCache.
 
@@ -63,6 +65,8 @@ def instrument(
         checksum_rate: share of pages whose payload gets an xxh3 checksum (0 to 1).
         registry: a directory shared by the replicas where stores leave their
             descriptors, so the guard can compare a fetched page with its store.
+        prevent: put the engine's geometry fingerprint into every key it makes, so
+            pages of replicas that cannot read each other's never hit (`prevent`).
     """
     if _originals:
         return True
@@ -78,7 +82,7 @@ def instrument(
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
 
-    options = runtime.Options(replica, export, guard, checksum_rate, registry)
+    options = runtime.Options(replica, export, guard, checksum_rate, registry, prevent)
     runtime.install(runtime.Runtime(options, emitter))
     _wrap(StorageManager, "batched_get", _batched_get)
     _wrap(StorageManager, "get", _get)
@@ -263,6 +267,11 @@ def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
             return
         if state.hash_algo is None:
             state.hash_algo = _hash_algo_name(self)
+        if state.options.prevent:
+            try:
+                args, kwargs = prevent.tagged(self, args, kwargs)
+            except Exception as exc:  # the hook's own failure must not become LMCache's: keys stay untagged
+                runtime.failed("geometry tag", exc)
         for start, end, key in original(self, *args, **kwargs):
             state.remember_range(key, start, end)
             yield start, end, key

@@ -93,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="raw-ptr:SHARE (fetched pages served without portable metadata) or rolling-upgrade:SECONDS",
     )
     parser.add_argument("--guard", action="store_true", help="reject bad pages (they are recomputed)")
+    parser.add_argument(
+        "--prevent", action="store_true", help="each replica's geometry fingerprint in its page keys (no foreign hits)"
+    )
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
@@ -117,7 +120,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
                 pool_bytes_per_s=args.pool_gbps * 1e9,
                 local_bytes_per_s=args.local_gbps * 1e9 if args.local_gbps else None,
             ),
-            faults=parse_faults(args.fault, guard=args.guard),
+            faults=parse_faults(args.fault, guard=args.guard, prevent=args.prevent),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

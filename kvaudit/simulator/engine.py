@@ -22,7 +22,17 @@ import msgspec
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from kvaudit.contract import EvictReason, Hook, KVConfig, Op, Outcome, PageDescriptor, SpanAttr, Tier
+from kvaudit.contract import (
+    EvictReason,
+    Hook,
+    KVConfig,
+    Op,
+    Outcome,
+    PageDescriptor,
+    SpanAttr,
+    Tier,
+    geometry_fingerprint,
+)
 from kvaudit.emit.emitter import Emitter, Operation, replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.simulator.faults import Faults, GroundTruth, Injector, write_ground_truth
@@ -137,6 +147,11 @@ class _Replica:
         self.spans = 0
         self.kv: KVConfig
         self.emitter: Emitter
+        # What prevention adds to each key this replica makes (empty without it).
+        self.key_suffix = ""
+
+    def pool_key(self, key: str) -> str:
+        return key + self.key_suffix
 
 
 class Simulation:
@@ -169,7 +184,7 @@ class Simulation:
     def cached_prefix(self, replica: int, keys: Sequence[str]) -> int:
         rep = self._fleet[replica]
         count = 0
-        for key in keys:
+        for key in map(rep.pool_key, keys):
             entry = self._pool(rep).peek(key)
             held = key in rep.local if rep.local is not None else entry is not None and entry.producer == rep.name
             if not held:
@@ -291,7 +306,7 @@ class Simulation:
     def _lookup(self, replica: _Replica, keys: list[str]) -> list[tuple[Entry, str]]:
         """The longest prefix of `keys` held by the local tier or the pool (touching each as used)."""
         hits: list[tuple[Entry, str]] = []
-        for key in keys:
+        for key in map(replica.pool_key, keys):
             local = replica.local.get(key) if replica.local is not None else None
             entry = local or self._pool(replica).get(key)
             if entry is None:
@@ -333,7 +348,7 @@ class Simulation:
         written: list[PageDescriptor] = []
         evicted: dict[str, list[Entry]] = {POOL_BACKEND: [], LOCAL_BACKEND: []}
         for index in request.computed:
-            key = request.record.keys[index]
+            key = replica.pool_key(request.record.keys[index])
             page = self._page(replica.kv, key, index)
             entry = Entry(page, replica.name, self._page_bytes)
             if replica.local is not None:
@@ -360,6 +375,9 @@ class Simulation:
 
     def _open_emitter(self, replica: _Replica, layout: str, version: str) -> None:
         replica.kv = self.config.model.kv_config(layout, self.config.page_tokens)
+        if self.config.faults.prevent:
+            # Spelled as LMCache spells a tagged key (`...@kvaudit_geometry%<fingerprint>`).
+            replica.key_suffix = f"@kvaudit_geometry%{geometry_fingerprint(replica.kv)}"
         options = {"engine": ENGINE, "engine_version": version, "service_name": "kvaudit-simulator", "kv": replica.kv}
         if self.out is None:
             replica.emitter = Emitter(replica_resource(replica.name, **options), SpanBatcher(_Discard()))

@@ -8,7 +8,10 @@
   layout are served to replicas of the other.
 
 Without the guard a bad page is used (silent corruption); with it the page is
-rejected and its tokens are recomputed, which costs their prefill.
+rejected and its tokens are recomputed, which costs their prefill. With prevention
+each replica's geometry fingerprint is part of its keys (docs/design.md section 4.5),
+as the LMCache hook's `prevent` makes it: pages of the other layout are never found,
+so no bytes move for them (raw-pointer pages are not a matter of geometry: unchanged).
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ class Faults:
     raw_ptr: float = 0.0
     upgrade_at_s: float | None = None
     guard: bool = False
+    prevent: bool = False
 
 
-def parse_faults(specs: list[str], *, guard: bool = False) -> Faults:
+def parse_faults(specs: list[str], *, guard: bool = False, prevent: bool = False) -> Faults:
     """`raw-ptr:0.01` and `rolling-upgrade:120` (seconds of simulated time).
 
     Raises:
@@ -53,7 +57,7 @@ def parse_faults(specs: list[str], *, guard: bool = False) -> Faults:
             upgrade_at = number
         else:
             raise ValueError(f"fault {spec!r}: expected {RAW_PTR}:SHARE (0..1) or {ROLLING_UPGRADE}:SECONDS (>= 0)")
-    return Faults(raw_ptr, upgrade_at, guard)
+    return Faults(raw_ptr, upgrade_at, guard, prevent)
 
 
 class GroundTruth(msgspec.Struct, kw_only=True):
