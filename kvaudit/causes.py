@@ -1,9 +1,9 @@
 """What became of each page of a request's prompt, and why: `kvaudit explain`'s vocabulary.
 
 docs/design.md section 7 defines every cause, the order in which they are decided and
-what "present", "reachable" and "compatible" mean; `queries/explain.sql` decides them
-from the traces, and the simulator (`kvaudit.simulator.page_truth`) records the same
-causes from the exact state of its caches, so that the two can be held equal.
+what "present", "reachable" and "compatible" mean, once; `queries/explain.sql` decides
+them from the traces, and the simulator (`kvaudit.simulator.page_truth`) records them
+from the exact state of its caches, so that the two can be held equal.
 
 Standard library only: the simulator, a serving side, shares this package's top level.
 """
@@ -15,18 +15,18 @@ from typing import Final
 
 
 class Cause(StrEnum):
-    """One page's fate at its request's lookup (docs/design.md section 7.2), in the order they are decided."""
+    """One page's fate at its request's lookup, in the order the causes are decided (docs/design.md section 7.2)."""
 
-    HIT_GPU = "hit_gpu"  # already in the replica's own prefix cache
-    HIT_LOCAL = "hit_local"  # fetched and used from a tier of the replica's own, which it produced itself
-    HIT_POOL = "hit_pool"  # fetched and used from the shared pool, or produced by another replica
-    REJECTED = "rejected"  # fetched; the guard refused it (used = false)
-    PREFIX_BROKEN = "prefix_broken"  # usable, but an earlier page of the prefix missed
-    ROUTED_AWAY = "routed_away"  # a compatible copy sat only where this replica cannot reach
-    INCOMPATIBLE_PRODUCER = "incompatible_producer"  # the only copies came from a differently configured replica
-    EVICTED = "evicted"  # stored before the lookup, but no copy was left
-    STORED_AFTER_LOOKUP = "stored_after_lookup"  # first stored later, by a request already under way (a race)
-    NEVER_STORED = "never_stored"  # none of the above
+    HIT_GPU = "hit_gpu"
+    HIT_LOCAL = "hit_local"
+    HIT_POOL = "hit_pool"
+    REJECTED = "rejected"
+    PREFIX_BROKEN = "prefix_broken"
+    ROUTED_AWAY = "routed_away"
+    INCOMPATIBLE_PRODUCER = "incompatible_producer"
+    EVICTED = "evicted"
+    STORED_AFTER_LOOKUP = "stored_after_lookup"
+    NEVER_STORED = "never_stored"
 
     @property
     def hit(self) -> bool:

@@ -8,26 +8,19 @@
 --   part of the longest prefix of which a compatible copy existed anywhere in the fleet
 --   (or that was used). `kvaudit explain` shows one request; without a request id every
 --   request's pages come back, which `reuse_left` sums up.
--- How: a request is one request id on one replica, looked up at the start of its first
---   lookup span (else its first fetch or store); its pages are those its lookup, fetch
---   and store descriptors name. A store is a backend and tier; a `remote` tier is one
---   store for the whole fleet, any other belongs to the replica that wrote it. A copy is
---   present at a time when the page's last store or evict in that store up to that time
---   (evictions first at equal times: a store makes room, then writes) is a store; it is compatible when its descriptor agrees
---   with the consumer process's configuration on the fields rule KVA005 compares.
---   Trace times are compared as they are, without `kvaudit_skew_s`.
+-- How: docs/design.md section 7 defines the terms (a request, its lookup and prompt
+--   pages; stores, present, reachable and compatible copies), the causes in the order
+--   they are decided, and the achievable prefix; this query is that definition in SQL.
 -- Parameters: kvaudit_request_id (VARCHAR, default: every request), kvaudit_replica
 --   (VARCHAR, default: any replica), kvaudit_trace_id (VARCHAR, default: any; otherwise
 --   only requests with a span in that trace).
 -- Columns: request_id, replica, lookup_ns, prompt_tokens (the lookup's tokens requested),
 --   page (0-based, in token order), token_start, token_end, key, cause, achievable;
---   tier, holder, producer, stored_ns (the copy the cause is about: for a hit the copy
---   used, for rejected the copy refused, for prefix_broken a reachable copy, for routed_away an unreachable one, for
---   incompatible_producer any present one, for stored_after_lookup the later store;
---   holder: the replica whose store held it, NULL for the shared pool); evicted_ns,
---   evicted_backend, evicted_tier, evicted_replica, evict_reason, evicted_by (the last
---   eviction of the page up to the lookup from a store this replica reaches, else from
---   any store, and the request whose store pushed it out, where traced).
+--   tier, holder, producer, stored_ns (the copy the cause is about, docs/design.md section
+--   7.2: where it sat, the replica whose store held it (NULL: the shared pool), who stored
+--   it and when); evicted_ns, evicted_backend, evicted_tier, evicted_replica,
+--   evict_reason, evicted_by (the page's last eviction up to the lookup, and the request
+--   whose store pushed it out, where traced).
 WITH request_spans AS (
     SELECT replica, request_id, trace_id, resource_id, op, start_ns, tokens_requested, tokens_local
     FROM spans

@@ -13,6 +13,7 @@ import sys
 
 from kvaudit.analyse.explain import Explanation, explain
 from kvaudit.backends import Backend
+from kvaudit.causes import Cause
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
@@ -31,13 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "explain",
         "Why a request missed: every page of its prompt, in order, with what became of it and why "
-        "(hit_gpu, hit_local, hit_pool, rejected, prefix_broken, routed_away, incompatible_producer, evicted, "
-        "stored_after_lookup, never_stored), and the reuse it could have had.",
+        f"({', '.join(Cause)}: docs/design.md section 7), and the reuse it could have had.",
         "kvaudit explain traces/ chat-12-t3 --replica r2 --format json",
     )
-    parser.add_argument(
-        "inputs", nargs="+", metavar="PATH ... REQUEST_ID", help=f"{TRACE_PATHS_HELP}; then the engine's request id"
-    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=TRACE_PATHS_HELP)
+    parser.add_argument("request_id", metavar="REQUEST_ID", help="the engine's request id (kvaudit.request.id)")
     parser.add_argument("--replica", help="the replica that served it, where several served a request of that id")
     parser.add_argument("--trace-id", help="only the request with a span in this trace (hex)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="json: one object per page")
@@ -52,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    *paths, request_id = args.inputs
+    paths, request_id = args.paths, args.request_id
     try:
         gpu = load_gpu(args.gpu)
         chosen = load_model(args.model) if args.model else None
