@@ -134,7 +134,11 @@ def test_clickhouse_explains_as_duckdb_does(runs):
         create_table(clickhouse)
         load_files(clickhouse, [str(path) for path in result.files])
         request = next(page for page in result.pages if page.cause == Cause.REJECTED).request_id
-        for name, params in (("explain", {}), ("explain", {"kvaudit_request_id": request}), ("reuse_left", {})):
+        for name, params in (
+            ("explain", {}),
+            ("explain_evictions", {"kvaudit_request_id": request}),
+            ("reuse_left", {}),
+        ):
             expected = answers(store, load(name), params)
             assert expected[1] and answers(clickhouse, load(name), params) == expected
     finally:
@@ -152,8 +156,9 @@ def test_one_request_names_the_rule_the_guard_broke(runs):
     assert explain(store, rejected.request_id, replica="nowhere") == []
 
 
-def test_reuse_left_includes_explain():
-    assert load("reuse_left").count(load("explain").strip().rstrip(";")) == 1
+def test_reuse_left_and_explain_evictions_include_explain():
+    for name in ("reuse_left", "explain_evictions"):
+        assert load(name).count(load("explain").strip().rstrip(";")) == 1
     assert set(describe("reuse_left").parameters) == {
         "kvaudit_request_id",
         "kvaudit_replica",

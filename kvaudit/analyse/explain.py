@@ -1,7 +1,8 @@
 """Why a request missed: the pages of its prompt with their causes (docs/design.md section 7).
 
-`queries/explain.sql` decides each page's cause from the traces; this module runs it for
-one request and adds what SQL does not hold: for a page the guard refused, the rule it
+`queries/explain.sql` decides each page's cause from the traces (`explain_evictions`
+adds each page's last eviction); this module runs it for one request and adds what SQL
+does not hold: for a page the guard refused, the rule it
 broke, from `kvaudit.guard` itself (the checks the hooks ran), given the fetched
 descriptor and the consumer's configuration.
 """
@@ -19,7 +20,7 @@ from kvaudit.causes import Cause
 from kvaudit.contract import KVConfig, PageDescriptor
 from kvaudit.guard import violations
 
-QUERY: Final = "explain"
+QUERY: Final = "explain_evictions"  # explain's pages, each with its last eviction
 # The fetched descriptor of a refused page, and the configuration of the process that fetched it.
 _REFUSED: Final = """
 SELECT p.*, r.model AS c_model, r.dtype AS c_dtype, r.layout AS c_layout, r.block_size AS c_block_size,
@@ -33,7 +34,8 @@ WHERE p.op = 'fetch' AND p.used = false AND p.request_id = getvariable('kvaudit_
 
 @dataclass(frozen=True)
 class ExplainedPage:
-    """One page of a prompt: a row of `queries/explain.sql` (its header says what each column holds), and `rule`."""
+    """One page of a prompt: a row of `queries/explain_evictions.sql` (its header and explain.sql's say what
+    each column holds), and `rule`."""
 
     request_id: str
     replica: str
