@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -77,8 +79,6 @@ def main() -> None:
 
 
 def env_dir() -> Path | None:
-    import os
-
     folder = os.environ.get("KVAUDIT_BENCH_DIR")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,9 @@ def env_dir() -> Path | None:
 
 def generate(database: Path, pages: int, seconds: int, work: Path) -> None:
     """One simulated run ingested, then copied until the database holds `pages` descriptors."""
-    run = simulate(dataclasses.replace(FLEET, duration_s=seconds), work / "run")
+    traces = work / f"run-{seconds}"
+    shutil.rmtree(traces, ignore_errors=True)  # the exporter appends: an earlier run's files would double it
+    run = simulate(dataclasses.replace(FLEET, duration_s=seconds), traces)
     partial = database.with_name(database.name + ".partial")
     partial.unlink(missing_ok=True)
     store = TraceStore(run.files, str(partial))

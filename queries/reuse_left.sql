@@ -1,12 +1,12 @@
 -- reuse_left: the reuse the fleet left on the table, per replica and time bucket: the hit rate beside the achievable one, and the missed tokens by cause.
--- Includes: explain AS explain_pages
+-- Includes: reuse_left_requests AS per_request
 --
 -- Question: how much more could each replica have reused, and what stood in the way? For
---   every request (queries/explain.sql, read here as `explain_pages`), the longest prefix
---   of which a compatible copy existed anywhere in the fleet at its lookup (any replica's
---   GPU cache or local tier, or the pool) against the prefix it actually used; summed per
---   replica and bucket of lookup time, with the prompt tokens of the pages each cause of
---   docs/design.md section 7 kept from being used. `routed_away` is the reuse lost to
+--   every request (queries/reuse_left_requests.sql, read here as `per_request`), the
+--   longest prefix of which a compatible copy existed anywhere in the fleet at its lookup
+--   (any replica's GPU cache or local tier, or the pool) against the prefix it actually
+--   used; summed per replica and bucket of lookup time, with the prompt tokens of the
+--   pages each cause of docs/design.md section 7 kept from being used. `routed_away` is the reuse lost to
 --   routing, `evicted` to capacity.
 -- Parameters: kvaudit_bucket_s (DOUBLE, default 60): width of a time bucket in seconds;
 --   and explain's (kvaudit_request_id, kvaudit_replica, kvaudit_trace_id: unset, every request).
@@ -14,26 +14,7 @@
 --   achievable_tokens, hit_rate, achievable_rate, lost_rate (achievable_rate - hit_rate), and
 --   the tokens of the missed pages per cause: rejected, prefix_broken, routed_away,
 --   incompatible_producer, evicted, stored_after_lookup, never_stored.
-WITH per_request AS (
-    SELECT replica, request_id,
-           min(lookup_ns) AS lookup_ns,
-           max(prompt_tokens) AS prompt_tokens,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause IN ('hit_gpu', 'hit_local', 'hit_pool')), 0)
-               AS hit_tokens,
-           coalesce(sum(token_end - token_start) FILTER (WHERE achievable), 0) AS achievable_tokens,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'rejected'), 0) AS rejected,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'prefix_broken'), 0) AS prefix_broken,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'routed_away'), 0) AS routed_away,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'incompatible_producer'), 0)
-               AS incompatible_producer,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'evicted'), 0) AS evicted,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'stored_after_lookup'), 0)
-               AS stored_after_lookup,
-           coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'never_stored'), 0) AS never_stored
-    FROM explain_pages
-    GROUP BY replica, request_id
-),
-bucketed AS (
+WITH bucketed AS (
     SELECT *, lookup_ns - lookup_ns % CAST(coalesce(getvariable('kvaudit_bucket_s'), 60) * 1e9 AS BIGINT) AS bucket_ns
     FROM per_request
 )

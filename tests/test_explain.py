@@ -118,6 +118,14 @@ def test_reuse_left_has_the_simulators_hit_and_achievable_rates(runs, mode: str)
         )
         missed = sum(values[cause.value] for cause in Cause if not cause.hit)
         assert values["hit_tokens"] + missed <= values["prompt_tokens"]  # partial last pages are no page
+    columns, rows = store.query(load("reuse_left_requests"))
+    per_request = {row[1]: dict(zip(columns, row)) for row in rows}
+    assert {rid: (r["hit_tokens"], r["achievable_tokens"]) for rid, r in per_request.items()} == {
+        r.request_id: (r.used_tokens, r.achievable_tokens) for r in result.requests
+    }
+    assert [row[columns.index("lost_tokens")] for row in rows] == sorted(
+        (row[columns.index("lost_tokens")] for row in rows), reverse=True
+    )
     summaries = {s.group: s for s in summarise_by(result.requests, lambda r: r.replica)}
     for replica, total in sums.items():
         summary = summaries[replica]
@@ -137,6 +145,7 @@ def test_clickhouse_explains_as_duckdb_does(runs):
         for name, params in (
             ("explain", {}),
             ("explain_evictions", {"kvaudit_request_id": request}),
+            ("reuse_left_requests", {"kvaudit_replica": "r2"}),
             ("reuse_left", {}),
         ):
             expected = answers(store, load(name), params)
@@ -157,7 +166,7 @@ def test_one_request_names_the_rule_the_guard_broke(runs):
 
 
 def test_reuse_left_and_explain_evictions_include_explain():
-    for name in ("reuse_left", "explain_evictions"):
+    for name in ("reuse_left", "reuse_left_requests", "explain_evictions"):
         assert load(name).count(load("explain").strip().rstrip(";")) == 1
     assert set(describe("reuse_left").parameters) == {
         "kvaudit_request_id",

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from kvaudit.analyse.explain import ExplainedPage, Explanation
 from kvaudit.causes import Cause
+from kvaudit.contract import Tier
 from kvaudit.present.rows import json_line
 from kvaudit.present.terminal import cell, console, print_wide
 
@@ -100,14 +101,20 @@ def _where(tier: str | None, holder: str | None) -> str:
 def _eviction(page: ExplainedPage, lookup_ns: int) -> str:
     if page.evicted_ns is None:
         return ""
-    parts = [
-        page.evict_reason or "evicted",
-        f"from {_where(page.evicted_tier, page.evicted_replica)} ({page.evicted_backend})",
-        _relative(page.evicted_ns, lookup_ns),
-    ]
+    # A shared store's eviction is made by whichever replica's store needed the room.
+    shared = page.evicted_tier == Tier.REMOTE.value
+    where = page.evicted_tier if shared else _where(page.evicted_tier, page.evicted_replica)
+    when = _relative(page.evicted_ns, lookup_ns)
+    text = f"{page.evict_reason or 'evicted'} from {where} ({page.evicted_backend}) {when}"
     if page.evicted_by:
-        parts.append(f"by request {page.evicted_by}")
-    return " ".join(parts)
+        text += (
+            f", for {page.evicted_replica}'s request {page.evicted_by}"
+            if shared
+            else f", for request {page.evicted_by}"
+        )
+    elif shared and page.evicted_replica:
+        text += f", by {page.evicted_replica}"
+    return text
 
 
 def _relative(time_ns: int | None, lookup_ns: int) -> str:
