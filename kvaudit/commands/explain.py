@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from kvaudit.analyse.explain import Explanation, explain
-from kvaudit.backends import Backend
 from kvaudit.causes import Cause
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
@@ -22,9 +21,12 @@ from kvaudit.commands.arguments import (
     open_backend,
     warn_backend_read_errors,
 )
-from kvaudit.present.explain import write_json, write_table
 from kvaudit.simulator.hardware import GPUS, load_gpu
 from kvaudit.simulator.model import PRESETS, CostModel, ModelGeometry, load_model
+
+if TYPE_CHECKING:
+    from kvaudit.analyse.explain import Explanation
+    from kvaudit.backends import Backend
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The analysis side loads only when the command runs (`kvaudit --help` loads no query engine).
+    from kvaudit.analyse.explain import explain
+    from kvaudit.present.explain import write_json, write_table
+
     paths, request_id = args.paths, args.request_id
     try:
         gpu = load_gpu(args.gpu)
