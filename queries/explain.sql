@@ -4,9 +4,8 @@
 --   vocabulary of docs/design.md section 7 (hit_gpu, hit_local, hit_pool, rejected,
 --   prefix_broken, routed_away, incompatible_producer, evicted, stored_after_lookup,
 --   never_stored), the copy the cause is about (where it sat, who stored it, when), and
---   whether the page was achievable:
---   part of the longest prefix of which a compatible copy existed anywhere in the fleet
---   (or that was used). `kvaudit explain` shows one request; without a request id every
+--   whether the page was achievable: part of the longest prefix of which a compatible
+--   copy existed anywhere in the fleet (or that was used). `kvaudit explain` shows one request; without a request id every
 --   request's pages come back, which `reuse_left` sums up.
 -- How: docs/design.md section 7 defines the terms (a request, its lookup and prompt
 --   pages; stores, present, reachable and compatible copies), the causes in the order
@@ -61,12 +60,12 @@ events AS (
     -- holder '' for none). `seq` orders them: by time, evictions first at equal times; a
     -- lookup at time T sees every event of seq <= 2T + 1 (its `at_seq`).
     SELECT key, op, time_ns, time_ns * 2 + CASE WHEN op = 'store' THEN 1 ELSE 0 END AS seq, replica, request_id,
-           span_id, trace_id, coalesce(tier, '') AS tier, store_backend,
+           coalesce(tier, '') AS tier, store_backend,
            CASE WHEN tier = 'remote' THEN '' ELSE replica END AS holder,
            model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size
     FROM (
         -- An LMCache store names each of its targets, comma-separated.
-        SELECT key, op, time_ns, replica, request_id, span_id, trace_id, tier,
+        SELECT key, op, time_ns, replica, request_id, tier,
                unnest(string_split(coalesce(backend, ''), ',')) AS store_backend,
                model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size
         FROM pages
