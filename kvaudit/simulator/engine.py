@@ -26,10 +26,11 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from kvaudit.contract import EvictReason, Hook, KVConfig, Op, Outcome, PageDescriptor, SpanAttr, Tier
 from kvaudit.emit.emitter import Emitter, Operation, replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
-from kvaudit.simulator.faults import Faults, GroundTruth, Injector, write_ground_truth
+from kvaudit.simulator.faults import Faults, GroundTruth, Injector
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, ModelGeometry
-from kvaudit.simulator.page_truth import Fetched, PageTruth, PageTruthRecorder, write_page_truth
+from kvaudit.simulator.page_truth import Fetched, PageTruth, PageTruthRecorder
 from kvaudit.simulator.pool import Entry, LRUTier
+from kvaudit.simulator.records import write_records
 from kvaudit.simulator.router import make_router
 from kvaudit.simulator.workload import Session, new_session, next_prompt
 
@@ -219,8 +220,8 @@ class Simulation:
         files = sorted((self.out / TRACES_DIR).glob("*.jsonl")) if self.out is not None else []
         pages = self._page_truth.records()
         if self.out is not None:
-            write_ground_truth(self.out / GROUND_TRUTH_FILE, self._truth)
-            write_page_truth(self.out / PAGE_TRUTH_FILE, pages)
+            write_records(self.out / GROUND_TRUTH_FILE, self._truth)
+            write_records(self.out / PAGE_TRUTH_FILE, pages)
         return SimResult(self.config, self._records, self._truth, files, pages)
 
     def _pool(self, replica: _Replica) -> LRUTier:

@@ -25,6 +25,7 @@ import msgspec
 
 from kvaudit.contract import KVConfig, PageDescriptor, Transfer
 from kvaudit.guard import violations
+from kvaudit.simulator.records import read_records
 
 RAW_PTR: Final = "raw-ptr"
 ROLLING_UPGRADE: Final = "rolling-upgrade"
@@ -113,13 +114,5 @@ class Injector:
         return not violations(page, PageDescriptor.from_config(consumer))
 
 
-def write_ground_truth(path: Path, records: list[GroundTruth]) -> None:
-    encoder = msgspec.json.Encoder()
-    with path.open("wb") as out:
-        for record in records:
-            out.write(encoder.encode(record) + b"\n")
-
-
 def read_ground_truth(path: Path) -> list[GroundTruth]:
-    decoder = msgspec.json.Decoder(GroundTruth)
-    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line]
+    return read_records(path, GroundTruth)

@@ -22,6 +22,7 @@ import msgspec
 from kvaudit.causes import Cause
 from kvaudit.contract import CONSUMER_FIELDS, KVConfig, PageDescriptor, Tier
 from kvaudit.simulator.pool import Entry, LRUTier
+from kvaudit.simulator.records import read_records
 
 
 class PageTruth(msgspec.Struct, kw_only=True):
@@ -149,13 +150,5 @@ class PageTruthRecorder:
         return self._records
 
 
-def write_page_truth(path: Path, records: list[PageTruth]) -> None:
-    encoder = msgspec.json.Encoder()
-    with path.open("wb") as out:
-        for record in records:
-            out.write(encoder.encode(record) + b"\n")
-
-
 def read_page_truth(path: Path) -> list[PageTruth]:
-    decoder = msgspec.json.Decoder(PageTruth)
-    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line]
+    return read_records(path, PageTruth)
