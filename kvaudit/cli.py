@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
     "kvaudit.commands.queries",
     "kvaudit.commands.audit",
+    "kvaudit.commands.explain",
     "kvaudit.commands.report",
     "kvaudit.commands.ingest",
     "kvaudit.commands.collect",

@@ -15,7 +15,8 @@ How it is built, for those who build on it:
   `get_block_ids_with_load_errors` adds the guard's rejected blocks):
 
   Scheduler side (EngineCore process): a `kvaudit.lookup` span per
-  `get_num_new_matched_tokens`, and the request plans (page keys, block ids, request
+  `get_num_new_matched_tokens`, naming the prompt's pages (docs/design.md section
+  3.5), and the request plans (page keys, block ids, request
   id, trace context) added to the connector metadata (`build_connector_meta`).
   Worker side (each Worker process): a `kvaudit.fetch` span per load and a
   `kvaudit.store` span per save, with one page descriptor per block. With `guard` on,
@@ -45,13 +46,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     supports_hma,
 )
 
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Tier
 from kvaudit.emit.emitter import Emitter, Operation, setup_emitter
 from kvaudit.guard import violations
 from kvaudit.hooks.vllm.delegation import forward_interface, note_inner_class
 from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
-from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan, external_request_id, full_block_tables, plan_for
+from kvaudit.hooks.vllm.plans import (
+    KVAuditMetadata,
+    RequestPlan,
+    block_keys,
+    external_request_id,
+    full_block_tables,
+    plan_for,
+)
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_vllm_config
 from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
 from kvaudit.hooks.vllm.version import check_vllm_version
@@ -329,8 +337,25 @@ class KVAuditConnector(KVConnectorBase_V1):
             outcome = Outcome.HIT
         else:
             outcome = Outcome.PARTIAL
+        for page in self._observed(self._prompt_pages, request, reachable, num_computed_tokens) or ():
+            lookup.add_page(page)
         lookup.end(outcome, tokens_hit=matched, tokens_local=num_computed_tokens, pages=matched // block_size, bytes=0)
         return matched, load_async
+
+    def _prompt_pages(self, request: Request, reachable: int, local_tokens: int) -> list[PageDescriptor]:
+        """The prompt's blocks vLLM could reuse, as a lookup names them (docs/design.md section 3.5):
+        key, hash algorithm and tokens; `tier=gpu` for those already in its prefix cache."""
+        size, algo = self._geometry.block_size, self._geometry.hash_algo
+        return [
+            PageDescriptor(
+                key=key,
+                hash_algo=algo,
+                token_start=index * size,
+                token_end=(index + 1) * size,
+                tier=Tier.GPU.value if (index + 1) * size <= local_tokens else None,
+            )
+            for index, key in enumerate(block_keys(request)[: reachable // size])
+        ]
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> Any:
         answer = self._inner.update_state_after_alloc(request, blocks, num_external_tokens)

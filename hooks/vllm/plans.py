@@ -83,11 +83,16 @@ def trace_parent(request: Request) -> tuple[int, int] | None:
     return (span_context.trace_id, span_context.span_id) if span_context.is_valid else None
 
 
+def block_keys(request: Request) -> list[str]:
+    """The page keys of the request's full blocks, in token order: vLLM's block hashes in hex."""
+    return [bytes(block_hash).hex() for block_hash in request.block_hashes]
+
+
 def plan_for(request: Request, block_ids: list[int], load_tokens: int, local_tokens: int) -> RequestPlan:
     return RequestPlan(
         req_id=request.request_id,
         request_id=external_request_id(request.request_id),
-        keys=[bytes(block_hash).hex() for block_hash in request.block_hashes],
+        keys=block_keys(request),
         block_ids=list(block_ids),
         load_tokens=load_tokens,
         local_tokens=local_tokens,

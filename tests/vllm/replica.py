@@ -5,8 +5,10 @@ SPEC_JSON: {"model": DIR, "dtype": "bfloat16", "prompts": [[token ids], ...],
 "otlp_traces_endpoint": URL or null (vLLM's own request spans), "kv_events_endpoint":
 ZMQ endpoint to publish vLLM's KV events on, or null, "engine_args": more `LLM`
 arguments or null, "sleep": put the engine to sleep and wake it before generating
-again}. Prints one line `RESULT [{"tokens": [...], "cached": N, "finish": "length"},
-...]`, one entry per prompt (with "sleep", the entries of the generation after waking).
+again, "after_reset": [[token ids], ...] or absent}. Prints one line `RESULT [{"tokens":
+[...], "cached": N, "finish": "length"}, ...]`, one entry per prompt (with "sleep", the
+entries of the generation after waking); with `after_reset`, then resets the prefix
+cache and runs those prompts one after the other, printing `AFTER_RESET [...]` alike.
 A separate process because vLLM spawns its EngineCore and Worker processes from it,
 and because each replica must be a fresh engine, as in a fleet.
 """
@@ -55,16 +57,21 @@ def main(spec: dict) -> None:
         llm.sleep(level=1)
         llm.wake_up()
         outputs = llm.generate(prompts, params)
-    results = [
-        {"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens, "finish": o.outputs[0].finish_reason}
-        for o in outputs
-    ]
-    print("RESULT " + json.dumps(results), flush=True)
+    print("RESULT " + json.dumps([_result(o) for o in outputs]), flush=True)
+    if spec.get("after_reset"):
+        assert llm.reset_prefix_cache(), "the prefix cache was not reset"
+        again = [llm.generate([TokensPrompt(prompt_token_ids=p, **salt)], params)[0] for p in spec["after_reset"]]
+        print("AFTER_RESET " + json.dumps([_result(o) for o in again]), flush=True)
     # The hook exports its spans in the background within EXPORT_WAIT_S; vLLM's shutdown
     # kills an EngineCore or Worker that does not exit within 5 s, so give the exporters
     # their time first.
     time.sleep(EXPORT_WAIT_S)
     llm.llm_engine.engine_core.shutdown()
+
+
+def _result(output) -> dict:
+    first = output.outputs[0]
+    return {"tokens": list(first.token_ids), "cached": output.num_cached_tokens, "finish": first.finish_reason}
 
 
 if __name__ == "__main__":
