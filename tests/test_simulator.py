@@ -233,10 +233,11 @@ def test_prevent_rolling_upgrade_moves_no_bytes_for_pages_the_guard_would_reject
     guarded, guard_store = _run(UPGRADE, tmp_path / "guard")
     config = dataclasses.replace(UPGRADE, faults=dataclasses.replace(UPGRADE.faults, prevent=True))
     prevented, store = _run(config, tmp_path / "prevent")
-    # Guard only: the old layout's pages reach the upgraded replica, move, and are rejected.
-    rejected_pages = sum(r.rejected_tokens for r in guarded.requests) // UPGRADE.page_tokens
-    assert rejected_pages > 0
-    assert guard_store.query(FOREIGN_BYTES)[1] == [(rejected_pages * UPGRADE.model.page_bytes(UPGRADE.page_tokens),)]
+    # Guard only: the old layout's pages reach the upgraded replica, move, and are rejected
+    # (each one the ground truth records; the pages after a refused one are not fetched).
+    refused = [truth for truth in guarded.ground_truth if not truth.used]
+    assert refused
+    assert guard_store.query(FOREIGN_BYTES)[1] == [(len(refused) * UPGRADE.model.page_bytes(UPGRADE.page_tokens),)]
     # Prevention: they are never found, so nothing of theirs moves and nothing is rejected.
     assert store.query(FOREIGN_BYTES)[1] == [(0,)]
     assert prevented.ground_truth == []
