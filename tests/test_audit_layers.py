@@ -181,4 +181,3 @@ def test_cross_replica_reuse_counts_each_transfer_once(fleet: Fleet):
     (row,) = [dict(zip(columns, r, strict=True)) for r in rows]
     assert (row["producer"], row["consumer"], row["pages"], row["tokens"]) == ("r1", "r2", 1, CHUNK)
     assert row["bytes"] == 2 * 2 * CHUNK * 64 * 2 and row["crossed"]
-

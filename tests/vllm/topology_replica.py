@@ -2,7 +2,8 @@
 
     python topology_replica.py SPEC_JSON
 
-SPEC_JSON: {"model": DIR, "dtype": "bfloat16", "hf_overrides": {config fields} or null,
+SPEC_JSON: {"model": DIR (a config.json and model.safetensors), "dtype": "bfloat16",
+"hf_overrides": {config fields} or null,
 "kv_transfer": {KVTransferConfig fields}, "max_tokens": 16, "requests": [{"prompt": [token
 ids], "cache_salt": null, "lmcache_tag": null}, ...]}. The requests run one after the
 other, each its own `generate` call, so a later one sees what an earlier one stored.
@@ -31,7 +32,6 @@ def main(spec: dict) -> None:
 
     llm = LLM(
         model=spec["model"],
-        load_format="dummy",
         skip_tokenizer_init=True,
         dtype=spec.get("dtype", "bfloat16"),
         hf_overrides=spec.get("hf_overrides") or None,
