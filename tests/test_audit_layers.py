@@ -15,8 +15,12 @@ import pytest
 
 from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.analyse.named_queries import run_named
+from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Emitter
+from kvaudit.tui.figures import Analysis, compute_figures
+from kvaudit.tui.producers import ProducerIndex
+from kvaudit.tui.window import window_named
 
 from .conftest import KV
 from .fleet import Fleet, page
@@ -181,3 +185,19 @@ def test_cross_replica_reuse_counts_each_transfer_once(fleet: Fleet):
     (row,) = [dict(zip(columns, r, strict=True)) for r in rows]
     assert (row["producer"], row["consumer"], row["pages"], row["tokens"]) == ("r1", "r2", 1, CHUNK)
     assert row["bytes"] == 2 * 2 * CHUNK * 64 * 2 and row["crossed"]
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_the_tuis_reuse_matrix_counts_each_transfer_once(fleet: Fleet, trace_dir: Path, indexed: bool):
+    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
+    fleet.at(0)
+    producer.store(_chunk("c1"))
+    fleet.at(5)
+    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    store = fleet.open()
+    # Indexed: the producer index the TUI keeps over DuckDB; else the join it runs elsewhere.
+    if indexed:
+        ProducerIndex(store, skew_s=1.0)
+    figures = compute_figures(DuckDBBackend(store), window_named("all"), analysis=Analysis(), indexed=indexed)
+    store.close()
+    assert [(c.producer, c.consumer, c.pages, c.used_tokens) for c in figures.reuse] == [("r1", "r2", 1, CHUNK)]

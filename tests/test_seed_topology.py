@@ -49,6 +49,8 @@ from kvaudit.cli import main as kvaudit
 from kvaudit.contract import Hook, Transfer
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
+from kvaudit.tui.source import LiveSource
+from kvaudit.tui.window import window_named
 
 from .replica_processes import Replica, run_all
 from .servers import free_port, serving
@@ -273,7 +275,9 @@ def test_both_layers_are_joined(deployment: Deployment) -> None:
     assert {(row["replica"], row["op"]) for row in lmcache_ops} >= {("producer", "store"), ("consumer", "fetch")}
 
 
-def test_named_queries_show_reuse_between_replicas_on_both_layers(deployment: Deployment) -> None:
+def test_queries_report_and_tui_show_reuse_between_replicas_on_both_layers(
+    deployment: Deployment, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = deployment.store("server", "producer", "consumer")
     try:
         columns, rows = run_named(store, "cross_replica_reuse")
@@ -282,6 +286,14 @@ def test_named_queries_show_reuse_between_replicas_on_both_layers(deployment: De
         rates = {(row[0], row[1], row[2]): dict(zip(columns, row, strict=True)) for row in rows}
     finally:
         store.close()
+    tui = LiveSource(deployment.store("server", "producer", "consumer"), auditor=None).poll(window_named("all"))
+    assert [(c.producer, c.consumer, c.used_pages, c.used_tokens) for c in tui.reuse] == [
+        ("producer", "consumer", CHUNKS, CACHED)
+    ]
+    consumer = next(r for r in tui.replicas if r.replica == "consumer")
+    assert (consumer.hit_rate, consumer.cross_replica_hit_tokens) == (1.0, CACHED)
+    assert kvaudit(["report", *deployment.paths("server", "producer", "consumer")]) == 0
+    assert "consumer" in capsys.readouterr().out
     # Each transfer once: as LMCache's chunks, which carry the bytes.
     assert [(r["producer"], r["consumer"], r["pages"], r["tokens"], r["bytes"], r["crossed"]) for r in reuse] == [
         ("producer", "consumer", CHUNKS, CACHED, CHUNKS * CHUNK_BYTES, True)
