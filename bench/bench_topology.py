@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,7 @@ def _wait_listening(port: int, timeout_s: float = 60) -> None:
 
 
 def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
-    seconds = figures["seconds"]
+    seconds = defaultdict(float, figures["seconds"])
     engine = seconds[f"engine_{side}"] - seconds[f"engine_{side}_hook"]
     vllm_layer = seconds["vllm_layer_total"] - seconds["inner"] - seconds["engine_fetch"] - seconds["engine_store"]
     lmcache_hook = seconds["lmcache_hook"]
