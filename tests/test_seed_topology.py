@@ -24,6 +24,10 @@ The replicas, each run once for the whole module, two at a time, producers first
     raw (fs://, no chunk meta)  raw_producer (the     raw_consumer, raw_guard (without and
                                 raw-pointer fallback) with guard)
 
+The guarded replicas run last in their pools: having refused the producer's pages, a
+guarded replica recomputes them and LMCache stores its own under the same keys,
+replacing the producer's (docs/design.md section 6.4).
+
 The model is the tiny Llama of the vLLM hook tests with seeded random weights large
 enough that a misread KV cache changes the greedy output (tests/tiny_model.py). The
 producer computes from scratch: its output is the no-cache baseline of the model; the
@@ -176,15 +180,18 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         def replica(pool: str, name: str, after: tuple[str, ...] = (), **options: bool) -> Replica:
             return Replica(name, SCRIPT, _spec(base, pools, pool, name, **options), after)
 
+        # A guarded replica comes after the other readers of its pool: it recomputes what it
+        # refused, and LMCache stores that again under the same keys, replacing the
+        # producer's pages (both pools overwrite).
         replicas = [
             replica("server", "producer"),
             replica("raw", "raw_producer", raw_pointer=True),
-            replica("server", "consumer", ("producer",)),
             replica("server", "split", ("producer",), split=True, baseline=True),
-            replica("path", "path_producer"),
-            replica("server", "split_guard", ("producer",), split=True, guard=True),
             replica("raw", "raw_consumer", ("raw_producer",)),
-            replica("raw", "raw_guard", ("raw_producer",), guard=True),
+            replica("server", "consumer", ("producer",)),
+            replica("path", "path_producer"),
+            replica("server", "split_guard", ("consumer", "split"), split=True, guard=True),
+            replica("raw", "raw_guard", ("raw_consumer",), guard=True),
             replica("path", "path_consumer", ("path_producer",)),
         ]
         yield Deployment(base, run_all(replicas, base / "logs", ENV))
