@@ -99,6 +99,15 @@ class Layers:
             below.end(Outcome.HIT)
 
 
+def _stored(fleet: Fleet, chunk: PageDescriptor | None = None, **consumer_geometry: object) -> Layers:
+    """r1 stores `chunk` (default c1) at time 0; r2, ready to read it at time 5."""
+    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2", **consumer_geometry)
+    fleet.at(0)
+    producer.store(chunk or _chunk("c1"))
+    fleet.at(5)
+    return consumer
+
+
 def _audit(fleet: Fleet) -> list[Finding]:
     store = fleet.open()
     try:
@@ -113,19 +122,12 @@ def _by_layer(findings: list[Finding]) -> list[tuple[str, str, str]]:
 
 
 def test_clean_reuse_through_both_layers_has_no_findings(fleet: Fleet):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
-    fleet.at(0)
-    producer.store(_chunk("c1"))
-    fleet.at(5)
-    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    _stored(fleet).fetch(_chunk("c1", used=True), _blocks("c1", used=True))
     assert _audit(fleet) == []
 
 
 def test_a_block_whose_chunk_is_not_in_its_trace_is_still_incomplete(fleet: Fleet):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
-    fleet.at(0)
-    producer.store(_chunk("c1"))
-    fleet.at(5)
+    consumer = _stored(fleet)
     # No LMCache page at all, then one in another trace: neither describes these blocks.
     consumer.fetch(None, _blocks("c1", used=True))
     fleet.at(6)
@@ -136,19 +138,13 @@ def test_a_block_whose_chunk_is_not_in_its_trace_is_still_incomplete(fleet: Flee
 
 
 def test_a_block_without_a_source_is_judged_alone(fleet: Fleet):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
-    fleet.at(0)
-    producer.store(_chunk("c1"))
-    fleet.at(5)
+    consumer = _stored(fleet)
     consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True, source=False))
     assert _by_layer(_audit(fleet)) == [("KVA001", "critical", "vllm")] * 8
 
 
 def test_a_chunk_missing_metadata_leaves_its_blocks_incomplete(fleet: Fleet):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
-    fleet.at(0)
-    producer.store(_chunk("c1"))
-    fleet.at(5)
+    consumer = _stored(fleet)
     bare = _chunk("c1", used=False, dtype=None, shape=None, layout=None)
     consumer.fetch(bare, _blocks("c1", used=False))
     findings = _audit(fleet)
@@ -158,10 +154,7 @@ def test_a_chunk_missing_metadata_leaves_its_blocks_incomplete(fleet: Fleet):
 
 
 def test_a_head_split_the_keys_cannot_tell_is_caught_on_both_layers(fleet: Fleet):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2", **SPLIT)
-    fleet.at(0)
-    producer.store(_chunk("c1", kv_heads=2, head_size=32))
-    fleet.at(5)
+    consumer = _stored(fleet, _chunk("c1", kv_heads=2, head_size=32), **SPLIT)
     consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True))
     findings = _audit(fleet)
     assert _by_layer(findings) == [("KVA005", "critical", "lmcache")] + [("KVA005", "critical", "vllm")] * 8
@@ -172,11 +165,7 @@ def test_a_head_split_the_keys_cannot_tell_is_caught_on_both_layers(fleet: Fleet
 
 
 def test_cross_replica_reuse_counts_each_transfer_once(fleet: Fleet):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
-    fleet.at(0)
-    producer.store(_chunk("c1"))
-    fleet.at(5)
-    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    _stored(fleet).fetch(_chunk("c1", used=True), _blocks("c1", used=True))
     store = fleet.open()
     try:
         columns, rows = run_named(store, "cross_replica_reuse")
@@ -189,11 +178,7 @@ def test_cross_replica_reuse_counts_each_transfer_once(fleet: Fleet):
 
 @pytest.mark.parametrize("indexed", [True, False])
 def test_the_tuis_reuse_matrix_counts_each_transfer_once(fleet: Fleet, trace_dir: Path, indexed: bool):
-    producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2")
-    fleet.at(0)
-    producer.store(_chunk("c1"))
-    fleet.at(5)
-    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    _stored(fleet).fetch(_chunk("c1", used=True), _blocks("c1", used=True))
     store = fleet.open()
     # Indexed: the producer index the TUI keeps over DuckDB; else the join it runs elsewhere.
     if indexed:

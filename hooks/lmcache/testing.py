@@ -59,19 +59,14 @@ class CPUCopyConnector(GPUConnectorInterface):
             self.to_gpu(obj, start, end, **kwargs)
 
 
-class CPUPagedConnector(GPUConnectorInterface):
+class CPUPagedConnector(CPUCopyConnector):
     """LMCache's vLLM paged-memory copy, for vLLM's CPU KV cache (see the module docstring).
 
     `store`, `retrieve` pass `kvcaches` (the layers' KV caches, in layer order) and
     `slot_mapping` (a slot per token of the whole sequence, block id x block size +
-    offset), as LMCache's vLLM integration does for its CUDA connectors.
+    offset), as LMCache's vLLM integration does for its CUDA connectors. Shapes and the
+    batched calls are `CPUCopyConnector`'s.
     """
-
-    def __init__(self, layers: int, kv_heads: int, head_size: int) -> None:
-        self.layers, self.kv_heads, self.head_size = layers, kv_heads, head_size
-
-    def get_shape(self, num_tokens: int) -> torch.Size:
-        return torch.Size([2, self.layers, num_tokens, self.kv_heads * self.head_size])
 
     @staticmethod
     def _split(cache: torch.Tensor) -> torch.Tensor:
@@ -104,14 +99,6 @@ class CPUPagedConnector(GPUConnectorInterface):
                 # used: the copy cannot tell, just like the CUDA kernel.
                 payload = memory_obj.tensor[kv, layer].reshape(end - start, self.kv_heads, self.head_size)
                 split[blocks, :, kv, offsets] = payload.to(cache.dtype)
-
-    def batched_from_gpu(self, memory_objs: Any, starts: list[int], ends: list[int], **kwargs: Any) -> None:
-        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(obj, start, end, **kwargs)
-
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
-        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(obj, start, end, **kwargs)
 
 
 class RawPointerPagedConnector(CPUPagedConnector):
