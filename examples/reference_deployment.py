@@ -128,12 +128,19 @@ def main(out: Path) -> None:
                 "model": str(out / "model"),
                 "transfer": transfer_config(name, f"lm://127.0.0.1:{port}", out),
             }
-            subprocess.run(
+            run = subprocess.run(
                 [sys.executable, __file__, "--replica", json.dumps(spec)],
                 env=env,
-                check=True,
-                stderr=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                check=False,
             )
+            # vLLM and LMCache log to stdout: show the replica's own line, or the log if it failed.
+            lines = [line for line in run.stdout.splitlines() if line.startswith(f"{name}: ")]
+            if run.returncode != 0 or not lines:
+                sys.exit(f"replica {name} failed:\n{run.stdout[-3000:]}")
+            print(lines[-1], flush=True)
     finally:
         server.terminate()
         server.wait()
