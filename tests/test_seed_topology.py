@@ -346,6 +346,8 @@ def test_head_split_with_guard_is_a_safe_miss(deployment: Deployment) -> None:
 
 
 def test_raw_pointer_fallback_without_guard_is_silent_but_audited(deployment: Deployment) -> None:
+    from kvaudit.hooks.vllm.formats import CPU_PAGED_LAYOUT  # needs vLLM: not at collection
+
     baseline = deployment.tokens("producer")
     assert deployment.tokens("raw_producer") == baseline
     read = deployment["raw_consumer"].result[0]
@@ -361,12 +363,17 @@ def test_raw_pointer_fallback_without_guard_is_silent_but_audited(deployment: De
     # The producer's vLLM layer says what its fallback did: raw process-local memory.
     assert len(stored) == BLOCKS and all(r["transfer"] == Transfer.RAW_PTR and r["address"] for r in stored)
     findings = _findings(deployment, "raw", "raw_producer", "raw_consumer")
-    assert {(f.code, f.severity) for f in findings} == {("KVA001", "critical")}
+    # The chunks arrive without dtype, shape and layout (both layers); the blocks' producer
+    # declared the paged layout, which is not what this replica reads (vLLM layer).
     assert _summary(findings) == {
         ("raw_consumer", "KVA001", "critical", "vllm"),
         ("raw_consumer", "KVA001", "critical", "lmcache"),
+        ("raw_consumer", "KVA005", "critical", "vllm"),
     }
-    assert {tuple(f.fields) for f in findings} == {("dtype", "shape", "layout")}
+    assert {tuple(f.fields) for f in findings if f.code == "KVA001"} == {("dtype", "shape", "layout")}
+    assert {json.dumps(f.fields) for f in findings if f.code == "KVA005"} == {
+        json.dumps({"layout": {"fetched": None, "stored": CPU_PAGED_LAYOUT, "consumer": "KV_2LTD"}})
+    }
 
 
 def test_raw_pointer_fallback_with_guard_is_a_safe_miss(deployment: Deployment) -> None:
@@ -376,4 +383,4 @@ def test_raw_pointer_fallback_with_guard_is_a_safe_miss(deployment: Deployment) 
         Hook.LMCACHE_ENGINE.value: {False},
     }
     findings = _findings(deployment, "raw", "raw_producer", "raw_guard")
-    assert {(f.code, f.severity) for f in findings} == {("KVA001", "warning")}
+    assert {(f.code, f.severity) for f in findings} == {("KVA001", "warning"), ("KVA005", "warning")}
