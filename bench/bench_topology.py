@@ -5,11 +5,12 @@ connector standing in for LMCache's CUDA kernel) share LMCache's `lm://` server:
 producer serves REQUESTS fresh prompts and stores their KV, the consumer serves the same
 prompts and fetches it. The model has random weights and pages of a realistic size for
 a CPU (4 layers, 8 KV heads of 128, bf16: 4 MiB per 256-token chunk, 512 KiB per
-32-token vLLM block). Clocks inside each worker (bench/topology_probe.py) split the
-serving thread's wall time, in the same run, into the engine's store and fetch (LMCache
-with its copy, pool transfer and lookup release; the hooks taken off), the LMCache
-hook's own work and the vLLM layer's own work. The background exporter runs off the
-serving thread and is not counted.
+32-token vLLM block). Clocks inside each worker (bench/topology_probe.py) measure, in
+the same run, the engine's store and fetch (wall time of LMCache with its copy, pool
+transfer and lookup release, the hooks taken off) and the CPU time of the LMCache
+hook's own work and of the vLLM layer's own work, after a warm-up request (the first
+step holds one-time costs, such as the LMCache hook making its emitter). The background
+exporter runs off the serving thread and is not counted.
 
     python -m bench topology
 """
@@ -62,7 +63,8 @@ ENV = {
 
 
 def _prompts() -> list[list[int]]:
-    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(PROMPT_TOKENS)] for r in range(REQUESTS)]
+    """A warm-up prompt, then the REQUESTS measured."""
+    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(PROMPT_TOKENS)] for r in range(REQUESTS + 1)]
 
 
 def _transfer(name: str, url: str, root: Path) -> dict[str, Any]:
@@ -98,11 +100,12 @@ def replica(spec: dict[str, Any]) -> None:
         max_model_len=2048,
         kv_transfer_config=KVTransferConfig(**spec["transfer"]),
     )
+    # One token: each request is one engine step. The first prompt warms up (one-time costs).
     params = SamplingParams(temperature=0, max_tokens=1, detokenize=False, ignore_eos=True)
     cached = 0
-    for prompt in _prompts():
+    for index, prompt in enumerate(_prompts()):
         (output,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-        cached += output.num_cached_tokens
+        cached += output.num_cached_tokens if index else 0
     print(f"CACHED {cached}", flush=True)
     time.sleep(2)  # the exporter's delay: vLLM's shutdown does not wait for it
     llm.llm_engine.engine_core.shutdown()
@@ -146,8 +149,10 @@ def _wait_listening(port: int, timeout_s: float = 60) -> None:
 
 
 def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
-    seconds = defaultdict(float, figures["seconds"])
-    engine = seconds[f"engine_{side}"] - seconds[f"engine_{side}_hook"]
+    first = figures["first_step"]
+    seconds = defaultdict(float, {name: value - first.get(name, 0.0) for name, value in figures["seconds"].items()})
+    # The transfer's wall time without the hook's CPU time inside it.
+    engine = seconds[f"engine_{side}_wall"] - seconds[f"engine_{side}_hook"]
     vllm_layer = seconds["vllm_layer_total"] - seconds["inner"] - seconds["engine_fetch"] - seconds["engine_store"]
     lmcache_hook = seconds["lmcache_hook"]
     hooks = vllm_layer + lmcache_hook

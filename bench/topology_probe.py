@@ -2,7 +2,8 @@
 
 `ProbedLMCacheConnector` is the wrapped connector (`wrap_module_path="bench.topology_probe"`).
 Imported in the vLLM worker when kvaudit's connector builds it, this module wraps, with
-wall clocks on the serving thread:
+the CPU clock of the calling thread (what the hooks take from serving, whatever else
+shares the cores) and, for the engine's transfers, the wall clock too:
 
 - the wrapped connector's `start_load_kv` and `wait_for_save`: the engine's fetch and
   store, LMCache's hook included;
@@ -12,8 +13,11 @@ wall clocks on the serving thread:
   `wait_for_save`): the vLLM layer's own work is their time minus the wrapped
   connector's inside them.
 
-After each save the worker writes the totals so far to `$KVAUDIT_PROBE_OUT` (JSON; vLLM
-may end a worker without a `shutdown`), on a clock taken off the vLLM layer's figure.
+After each save (one per engine step) the worker writes the totals so far, and those of
+its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM may end a worker without a
+`shutdown`), on a clock taken off the vLLM layer's figure. The first step's totals hold
+the one-time costs (the LMCache hook makes its emitter at its first operation), which
+the benchmark takes off with a warm-up request.
 """
 
 from __future__ import annotations
@@ -33,16 +37,22 @@ from kvaudit.hooks.vllm.lmcache_cpu import CPULMCacheConnectorV1
 
 SECONDS: defaultdict[str, float] = defaultdict(float)
 CALLS: defaultdict[str, int] = defaultdict(int)
+FIRST_STEP: dict[str, float] = {}  # SECONDS at the end of the first engine step
 
 
-def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+Clock = Callable[[], float]
+
+
+def _timed(name: str, function: Callable[..., Any], clock: Clock = time.thread_time) -> Callable[..., Any]:
+    """`function`, adding the seconds of `clock` it takes to SECONDS[name]."""
+
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
+        started = clock()
         try:
             return function(*args, **kwargs)
         finally:
-            SECONDS[name] += time.perf_counter() - started
+            SECONDS[name] += clock() - started
             CALLS[name] += 1
 
     return timed
@@ -60,16 +70,20 @@ class ProbedLMCacheConnector(CPULMCacheConnectorV1):
     """`CPULMCacheConnectorV1` whose loads and saves are clocked (see the module docstring)."""
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        if CALLS["engine_store"] and not FIRST_STEP:
+            # A step starts after the first one: every clock of that step has stopped.
+            FIRST_STEP.update(SECONDS)
         _timed("inner", super().bind_connector_metadata)(connector_metadata)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         hook_before = SECONDS["lmcache_hook"]
-        _timed("engine_fetch", super().start_load_kv)(forward_context, **kwargs)
+        load = _timed("engine_fetch", super().start_load_kv)
+        _timed("engine_fetch_wall", load, time.perf_counter)(forward_context, **kwargs)
         SECONDS["engine_fetch_hook"] += SECONDS["lmcache_hook"] - hook_before
 
     def wait_for_save(self) -> None:
         hook_before = SECONDS["lmcache_hook"]
-        _timed("engine_store", super().wait_for_save)()
+        _timed("engine_store_wall", _timed("engine_store", super().wait_for_save), time.perf_counter)()
         SECONDS["engine_store_hook"] += SECONDS["lmcache_hook"] - hook_before
         _timed("inner", _write)()
 
@@ -78,4 +92,4 @@ def _write() -> None:
     out = os.environ.get("KVAUDIT_PROBE_OUT")
     if out:
         with open(out, "w") as file:
-            json.dump({"seconds": SECONDS, "calls": CALLS}, file)
+            json.dump({"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS}, file)
