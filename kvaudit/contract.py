@@ -166,6 +166,9 @@ class PageAttr:
     TRANSFER: Final = "kvaudit.page.transfer"
     ADDRESS: Final = "kvaudit.page.address"
     TIER: Final = "kvaudit.page.tier"
+    # The key of the page of the layer below (an LMCache chunk) that served this page's
+    # tokens, recorded by the layer above (vLLM); that page's span is in the same trace.
+    SOURCE_KEY: Final = "kvaudit.page.source_key"
 
 
 class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -194,6 +197,7 @@ class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     transfer: str | None = None
     address: int | None = None
     tier: str | None = None
+    source_key: str | None = None
 
     def to_attributes(self) -> dict[str, Any]:
         """The present fields as OpenTelemetry attributes."""

@@ -26,6 +26,7 @@ from typing import Any, Final
 from kvaudit.contract import Op, Outcome
 from kvaudit.emit.emitter import Emitter
 from kvaudit.hooks.lmcache import evict, fetch, prevent, runtime
+from kvaudit.hooks.lmcache.links import LINKS, Link
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +113,9 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
     setattr(cls, name, functools.wraps(original)(make(original)))
 
 
-def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None) -> Any:
+def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None, link: Link | None) -> Any:
     try:
-        return fetch.start(state, manager, op, keys, location)
+        return fetch.start(state, manager, op, keys, location, link)
     except Exception as exc:  # the hook's own failure must not become LMCache's
         runtime.failed(op.value, exc)
         return None
@@ -130,11 +131,20 @@ def _call(op: Any, original: Callable[..., Any], *args: Any) -> Any:
         raise
 
 
-def _finish(state: runtime.Runtime, manager: Any, op: Any, keys: Any, objs: Any, location: Any, guard: bool) -> Any:
+def _finish(
+    state: runtime.Runtime,
+    manager: Any,
+    op: Any,
+    keys: Any,
+    objs: Any,
+    location: Any,
+    guard: bool,
+    link: Link | None = None,
+) -> Any:
     if op is None:
         return objs
     try:
-        return fetch.finish(state, manager, op, keys, objs, location, guard=guard)
+        return fetch.finish(state, manager, op, keys, objs, location, guard=guard, link=link)
     except Exception as exc:  # the hook's own failure must not become LMCache's
         runtime.failed("fetch", exc)
         return objs
@@ -145,9 +155,10 @@ def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, keys, location)
-        op = _start(state, self, Op.FETCH, keys, location)
+        link = LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH)
+        op = _start(state, self, Op.FETCH, keys, location, link)
         objs = _call(op, original, self, keys, location)
-        return _finish(state, self, op, keys, objs, location, state.options.guard)
+        return _finish(state, self, op, keys, objs, location, state.options.guard, link)
 
     return batched_get
 
@@ -157,9 +168,10 @@ def _get(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, key, location)
-        op = _start(state, self, Op.FETCH, [key], location)
+        link = LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH)
+        op = _start(state, self, Op.FETCH, [key], location, link)
         obj = _call(op, original, self, key, location)
-        return _finish(state, self, op, [key], [obj], location, state.options.guard)[0]
+        return _finish(state, self, op, [key], [obj], location, state.options.guard, link)[0]
 
     return get
 
@@ -169,7 +181,7 @@ def _get_non_blocking(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, key, location)
-        op = _start(state, self, Op.FETCH, [key], location)
+        op = _start(state, self, Op.FETCH, [key], location, LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH))
         future = _call(op, original, self, key, location)
         _observe(state, self, op, [key], future, location)
         return future
@@ -184,7 +196,7 @@ def _layerwise_batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         where = location or "LocalCPUBackend"
         for layer_keys, future in zip(keys, original(self, keys, location), strict=False):
             if state is not None:
-                op = _start(state, self, Op.FETCH, layer_keys, where)
+                op = _start(state, self, Op.FETCH, layer_keys, where, LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH))
                 _observe(state, self, op, layer_keys, future, where)
             yield future
 
@@ -211,7 +223,7 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, keys, search_range, pin)
-        op = _start(state, self, Op.LOOKUP, keys, None)
+        op = _start(state, self, Op.LOOKUP, keys, None, None)
         hit, mapping = _call(op, original, self, keys, search_range, pin)
         if op is not None:
             try:

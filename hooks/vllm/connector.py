@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Tier
 from kvaudit.emit.emitter import Emitter, Operation, setup_emitter
 from kvaudit.guard import violations
+from kvaudit.hooks.vllm import lmcache_layer
 from kvaudit.hooks.vllm.delegation import forward_interface, note_inner_class
 from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
@@ -122,14 +123,18 @@ class KVAuditConnector(KVConnectorBase_V1):
             raise RuntimeError(refusal)
         assert vllm_config.kv_transfer_config is not None
         self._settings = AuditSettings.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
-        inner_config = inner_vllm_config(vllm_config, self._settings)
+        worker = role == KVConnectorRole.WORKER
+        inner_config = lmcache_layer.inner_config(
+            inner_vllm_config(vllm_config, self._settings), self._settings, worker
+        )
         # The inner connector first: the forwarders read it from the start.
         self._inner = KVConnectorFactory.create_connector(inner_config, role, kv_cache_config)
         note_inner_class(type(self._inner))
         super().__init__(vllm_config, role, kv_cache_config)
-        worker = role == KVConnectorRole.WORKER
         self._geometry: EngineGeometry = engine_geometry(vllm_config, _tp_rank(vllm_config) if worker else None)
-        self._format: InnerFormat = format_for(self._inner, self._geometry)
+        self._format: InnerFormat = lmcache_layer.format_for(self._inner, self._geometry) or format_for(
+            self._inner, self._geometry
+        )
         # What this replica reads a page as: the reference the guard compares fetched pages with.
         self._expected = PageDescriptor.from_config(
             self._geometry.kv_config(self._format.layout), shape=self._geometry.page_shape
@@ -228,7 +233,12 @@ class KVAuditConnector(KVConnectorBase_V1):
         first_rejected: int | None = None
         for index, page in enumerate(pages):
             apply_stamp(page, stamp)
-            if self._settings.guard and first_rejected is None and violations(page, self._expected):
+            if first_rejected is None and (
+                # A page a layer below served (LMCache) carries that layer's verdict on it.
+                not page.used
+                if page.source_key is not None
+                else self._settings.guard and bool(violations(page, self._expected))
+            ):
                 first_rejected = index
         block_size = self._geometry.block_size
         for index, page in enumerate(pages):
@@ -287,7 +297,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 
     def _operation(self, op: Op, unit: Unit) -> Operation:
-        return self._emitter.operation(
+        operation = self._emitter.operation(
             op,
             hook=Hook.VLLM_CONNECTOR,
             request_id=unit.plan.request_id,
@@ -295,6 +305,8 @@ class KVAuditConnector(KVConnectorBase_V1):
             tokens_requested=unit.num_tokens,
             parent=unit.plan.parent_context(),
         )
+        lmcache_layer.join(unit, operation)
+        return operation
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors = self._inner.get_block_ids_with_load_errors()
