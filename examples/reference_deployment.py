@@ -118,7 +118,10 @@ def main(out: Path) -> None:
     env = {**os.environ, **ENV}
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], env=env, stdout=subprocess.DEVNULL
+        [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_listening(port)
