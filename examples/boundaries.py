@@ -7,7 +7,10 @@ Tables (docs/boundaries.md explains each):
   fleet      workload x router x pool size: each cell runs the same arrivals with one
              pool shared by the replicas and without sharing (each replica a private
              pool of its share of the bytes), at the arrival rate that keeps the GPUs
-             half busy without reuse, so that TTFT figures compare like with like.
+             half busy without reuse, so that TTFT figures compare like with like. Without
+             sharing, the achievable hit rate (docs/design.md section 7.3) counts the
+             pages another replica's pool held: what routing left on the table (with
+             one shared pool every copy is reachable, and it equals the hit rate).
   bandwidth  the mixed workload as the pool's bandwidth falls below the break-even.
   context    the cost model alone: a follow-up turn on a cached context, per model and
              context length, with attention and without, and the break-even bandwidth.
@@ -66,6 +69,7 @@ def fleet(duration_s: float) -> Table:
         "pool GiB",
         "hit",
         "hit, private",
+        "achievable, private",
         "cross",
         "× idle",
         "TTFT ms",
@@ -88,6 +92,7 @@ def fleet(duration_s: float) -> Table:
                         pool,
                         f"{shared.hit:.0%}",
                         f"{private.hit:.0%}",
+                        f"{private.achievable:.0%}",
                         f"{shared.cross:.0%}",
                         f"{shared.idle_x:.2f}",
                         f"{shared.ttft_ms:.0f}",

@@ -21,9 +21,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from kvaudit import __version__
 from kvaudit.commands.exit_status import ExitStatus
 from kvaudit.commands.extras import extra_providing
+from kvaudit.commands.version import VersionAction
 from kvaudit.safe_text import visible
 
 DEBUG_VARIABLE = "KVAUDIT_DEBUG"
@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.sql",
     "kvaudit.commands.queries",
     "kvaudit.commands.audit",
+    "kvaudit.commands.explain",
     "kvaudit.commands.report",
     "kvaudit.commands.ingest",
     "kvaudit.commands.clickhouse",
@@ -42,6 +43,7 @@ COMMANDS: tuple[str, ...] = (
     "kvaudit.commands.tui",
     "kvaudit.commands.alerts",
     "kvaudit.commands.exporter",
+    "kvaudit.commands.doctor",
 )
 
 
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog='Example: kvaudit sql traces/ "SELECT replica, op, count(*) FROM pages GROUP BY ALL"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"kvaudit {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument(
         "--debug", action="store_true", help=f"show the traceback of an internal error (or set {DEBUG_VARIABLE}=1)"
     )

@@ -10,6 +10,7 @@ from which the reader's Arrow schemas and the ClickHouse views are generated.
 
 from __future__ import annotations
 
+import hashlib
 import typing
 from collections.abc import Mapping
 from enum import StrEnum
@@ -165,6 +166,9 @@ class PageAttr:
     TRANSFER: Final = "kvaudit.page.transfer"
     ADDRESS: Final = "kvaudit.page.address"
     TIER: Final = "kvaudit.page.tier"
+    # The key of the page of the layer below (an LMCache chunk) that served this page's
+    # tokens, recorded by the layer above (vLLM); that page's span is in the same trace.
+    SOURCE_KEY: Final = "kvaudit.page.source_key"
 
 
 class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -193,6 +197,7 @@ class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     transfer: str | None = None
     address: int | None = None
     tier: str | None = None
+    source_key: str | None = None
 
     def to_attributes(self) -> dict[str, Any]:
         """The present fields as OpenTelemetry attributes."""
@@ -294,6 +299,43 @@ class KVConfig(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
             for name, value in zip(self.__struct_fields__, msgspec.structs.astuple(self))
             if value is not None
         }
+
+
+# --- the geometry fingerprint (docs/design.md section 4.5) -----------------------------
+# Everything that makes a page readable by a replica. Not the hash algorithm: it decides
+# the keys themselves, so replicas that differ there never share a key anyway.
+GEOMETRY_FIELDS: Final = (
+    "model",
+    "dtype",
+    "layout",
+    "layers",
+    "kv_heads",
+    "head_size",
+    "block_size",
+    "world_size",
+    "rank",
+)
+# The recipe's own version, hashed in first: changing the fields or their spelling changes it.
+_GEOMETRY_RECIPE: Final = "kvaudit-geometry/1"
+
+
+def geometry_fingerprint(kv: KVConfig, format_version: str | None = None) -> str:
+    """16 hex digits naming the page geometry of a replica of configuration `kv`.
+
+    Equal on replicas that can read each other's pages, different (but for a 64-bit
+    collision) wherever one field of `GEOMETRY_FIELDS` or the engine's KV format version
+    differs; an absent field is hashed as absent, never guessed.
+    """
+    parts = [_GEOMETRY_RECIPE, *(f"{name}={_canonical(getattr(kv, name))}" for name in GEOMETRY_FIELDS)]
+    parts.append(f"format_version={_canonical(format_version)}")
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def _canonical(value: str | int | None) -> str:
+    if value is None:
+        return "-"
+    # `torch.bfloat16` and `bfloat16` are one dtype: spelled without the module.
+    return str(value).removeprefix("torch.")
 
 
 _RES_ATTR_OF_KV_FIELD: Final[dict[str, str]] = {

@@ -5,6 +5,9 @@
 --           the replica of the earliest store of its key, when that store precedes the
 --           fetch (allowing clock skew). Only pages the consumer used count (a rejected
 --           page was no hit); a page whose producer is not in the traces has producer NULL.
+--           A page that names the page of a layer below that served it (`source_key`: a
+--           vLLM block loaded through LMCache) is that page's transfer: each transfer
+--           counts once, as the layer below's page, which carries its bytes.
 -- Parameters: kvaudit_skew_s (DOUBLE, default 1.0): allowed clock skew in seconds.
 --             kvaudit_class_attr (VARCHAR, default unset): a further span attribute
 --             (e.g. workload) whose value splits the matrix by request class; unset, all
@@ -26,7 +29,7 @@ fetched AS (
                 THEN f.producer END AS producer
     FROM pages p
     LEFT JOIN first_store f ON f.key = p.key
-    WHERE p.op = 'fetch' AND (p.used IS NULL OR p.used)
+    WHERE p.op = 'fetch' AND (p.used IS NULL OR p.used) AND p.source_key IS NULL
 ),
 classes AS (
     SELECT trace_id, span_id, attributes[getvariable('kvaudit_class_attr')] AS request_class

@@ -172,6 +172,7 @@ SELECT file, line, resource_id, replica, trace_id, span_id, op, hook, backend, r
        kvaudit_str(a, 'kvaudit.page.transfer') AS transfer,
        kvaudit_int(a, 'kvaudit.page.address') AS address,
        kvaudit_str(a, 'kvaudit.page.tier') AS tier,
+       kvaudit_str(a, 'kvaudit.page.source_key') AS source_key,
        make_timestamp_ns(CAST(coalesce(e ->> '$.timeUnixNano', '0') AS BIGINT)) AS time
 FROM (
     SELECT *, kvaudit_attrs(e -> '$.attributes') AS a

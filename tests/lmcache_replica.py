@@ -97,6 +97,7 @@ def main(spec: dict[str, Any]) -> None:
             guard=spec.get("guard", False),
             checksum_rate=spec.get("checksum_rate", 0.0),
             registry=spec.get("registry"),
+            prevent=spec.get("prevent", False),
         )
         extra, plugins = hook.plugin_config(), [hook.PLUGIN_NAME]
     try:

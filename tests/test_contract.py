@@ -1,5 +1,7 @@
 import re
 
+import msgspec
+
 from kvaudit import contract
 from kvaudit.analyse.named_queries import load
 from kvaudit.contract import (
@@ -88,3 +90,48 @@ def test_a_page_from_a_config_carries_the_config_and_nothing_else():
         "m", "bfloat16", "L", 2, 1, "sha256",
     )  # fmt: skip
     assert (page.key, page.shape, page.used, page.token_start) == ("k", (1, 2), None, None)
+
+
+_REPLICA = KVConfig(
+    model="m",
+    dtype="bfloat16",
+    layout="KV_2LTD",
+    block_size=256,
+    world_size=2,
+    rank=0,
+    hash_algo="sha256",
+    layers=2,
+    kv_heads=2,
+    head_size=16,
+)
+
+
+def test_prevent_fingerprint_is_stable_and_equal_where_pages_can_be_shared():
+    fingerprint = contract.geometry_fingerprint(_REPLICA)
+    # Pinned: the recipe is documented (docs/design.md section 4.5) and replicas of
+    # different kvaudit releases must agree, so a change to it must be deliberate.
+    assert fingerprint == "61af728e2f8dfe97"
+    assert re.fullmatch(r"[0-9a-f]{16}", fingerprint)
+    # The hash algorithm decides the keys themselves; a torch-spelled dtype is the same dtype.
+    same = msgspec.structs.replace(_REPLICA, hash_algo="builtin", dtype="torch.bfloat16")
+    assert contract.geometry_fingerprint(same) == fingerprint
+
+
+def test_prevent_fingerprint_differs_on_every_geometry_field():
+    fingerprint = contract.geometry_fingerprint(_REPLICA)
+    changed = {
+        "model": "other",
+        "dtype": "float16",
+        "layout": "KV_2TD",
+        "layers": 3,
+        "kv_heads": 4,
+        "head_size": 8,
+        "block_size": 16,
+        "world_size": 1,
+        "rank": 1,
+    }
+    assert set(changed) == set(contract.GEOMETRY_FIELDS)
+    others = {contract.geometry_fingerprint(msgspec.structs.replace(_REPLICA, **{k: v})) for k, v in changed.items()}
+    others.add(contract.geometry_fingerprint(_REPLICA, format_version="2"))
+    others.add(contract.geometry_fingerprint(msgspec.structs.replace(_REPLICA, layout=None)))
+    assert fingerprint not in others and len(others) == len(changed) + 2

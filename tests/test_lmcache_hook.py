@@ -137,9 +137,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, lm_url: str) -> Iterator[Runs
     ]
     # Producers first: r1 into the lm:// server, leaving descriptors in the registry and
     # hashing every page; f1 into the two fs:// pools.
+    # p1 stores the same tokens as r1 with prevent on: the same pool, other keys.
     _run(
         _spec(tmp, "r1", "store", lm, GEOMETRY_R1, registry=registry, checksum_rate=1.0),
         _spec(tmp, "f1", "store", fs, GEOMETRY_R1),
+        _spec(tmp, "p1", "store", lm, GEOMETRY_R1, prevent=True),
     )
     # Consumers: the same geometry, the other head split without and with the guard,
     # and the fs:// reader.
@@ -148,6 +150,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, lm_url: str) -> Iterator[Runs
         _spec(tmp, "r3", "fetch", lm, GEOMETRY_SPLIT),
         _spec(tmp, "r4", "fetch", lm, GEOMETRY_SPLIT, guard=True, registry=registry, checksum_rate=1.0),
         _spec(tmp, "f2", "fetch", fs, GEOMETRY_R1),
+        # With prevent on: r2 and r3 again.
+        _spec(tmp, "p2", "fetch", lm, GEOMETRY_R1, prevent=True),
+        _spec(tmp, "p3", "fetch", lm, GEOMETRY_SPLIT, prevent=True),
     )
     result = Runs(tmp)
     yield result
@@ -223,6 +228,7 @@ def test_cross_replica_reuse_through_kvaudit_sql(runs: Runs, capsys: pytest.Capt
     reuse = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert reuse == [
         {"consumer": "f2", "producer": "f1", "pages": 6, "bytes": 6 * 65536},
+        {"consumer": "p2", "producer": "p1", "pages": 3, "bytes": 3 * 65536},
         {"consumer": "r2", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
         {"consumer": "r3", "producer": "r1", "pages": 3, "bytes": 3 * 65536},
     ]
@@ -268,6 +274,41 @@ def test_guard_turns_the_misread_into_a_miss_and_recompute(runs: Runs) -> None:
     assert (span["outcome"], span["tokens_hit"], span["pages"]) == ("rejected", 0, 3)
 
 
+def _store_keys(runs: Runs, replica: str) -> list[str]:
+    return [row["key"] for row in runs.pages(replica, "store")]
+
+
+def test_prevent_the_other_head_split_misses_without_fetching(runs: Runs) -> None:
+    # p3 is r3 with prevent: r1's and p1's pages of its tokens sit in the pool, none is its own.
+    assert runs.result("p3") == {"lookup": 0, "retrieved": 0, "recomputed": TOKENS}
+    generator = torch.Generator().manual_seed(sum(map(ord, "p3")))
+    assert torch.equal(runs.kv("p3"), torch.randn(runs.kv("p3").shape, generator=generator).to(torch.bfloat16))
+    # No fetch of the producer's bytes at all: no fetched page, nothing used.
+    assert runs.rows("SELECT * FROM pages WHERE replica = 'p3' AND op = 'fetch'") == []
+    [lookup] = runs.rows("SELECT * FROM spans WHERE replica = 'p3' AND op = 'lookup'")
+    assert (lookup["outcome"], lookup["tokens_hit"]) == ("miss", 0)
+
+    from kvaudit.analyse.audit import run_audit
+
+    findings = [f for f in run_audit(runs.store) if f.replica in ("p1", "p2", "p3")]
+    assert [f for f in findings if f.severity == "critical"] == []
+
+
+def test_prevent_same_geometry_still_hits_across_replicas(runs: Runs) -> None:
+    # p2 is r2 with prevent: p1's pages carry the same fingerprint, so they are p2's keys.
+    assert runs.result("p2") == {"lookup": STORED, "retrieved": STORED, "recomputed": TOKENS - STORED}
+    assert torch.equal(runs.kv("p2")[:, :, :STORED], runs.kv("p1")[:, :, :STORED])
+    assert [row["producer"] for row in _cross_replica_fetches(runs, "p2")] == ["p1"] * 3
+    tagged = _store_keys(runs, "p1")
+    assert len(tagged) == 3 and all("@kvaudit_geometry%" in key for key in tagged)
+    assert set(tagged).isdisjoint(_store_keys(runs, "r1"))
+
+
+def test_prevent_off_keys_carry_no_tag(runs: Runs) -> None:
+    # Today's behaviour: r1's keys are LMCache's own, and r3 misreads them (the silent-misread test).
+    assert not any("kvaudit_geometry" in key for key in _store_keys(runs, "r1"))
+
+
 def test_fs_without_chunk_meta_fetches_pages_missing_their_metadata(runs: Runs) -> None:
     # f1 wrote its second pool with save_chunk_meta=False: no header, so f2's reader
     # allocates the objects from its own configuration, and the descriptors say so.
@@ -284,7 +325,7 @@ def test_fs_without_chunk_meta_fetches_pages_missing_their_metadata(runs: Runs) 
 def test_every_hooked_process_declares_its_own_configuration(runs: Runs) -> None:
     rows = runs.rows("SELECT replica, engine, engine_version, kv_heads, head_size, layout FROM replicas ORDER BY 1")
     declared = {row["replica"]: row for row in rows}
-    assert set(declared) == {"f1", "f2", "r1", "r2", "r3", "r4"}
+    assert set(declared) == {"f1", "f2", "p1", "p2", "p3", "r1", "r2", "r3", "r4"}
     assert (declared["r3"]["kv_heads"], declared["r3"]["head_size"]) == (4, 8)
     assert {(row["engine"], row["engine_version"], row["layout"]) for row in rows} == {("lmcache", "0.5.6", "KV_2LTD")}
     assert runs.rows("SELECT * FROM read_errors") == []

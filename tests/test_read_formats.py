@@ -85,8 +85,10 @@ def _renamed(rows: dict[str, list[tuple[Any, ...]]], name: str) -> dict[str, lis
 
 
 FORMS = {
-    "gzip": lambda lines: gzip.compress(b"".join(lines)),
-    "gzip, a member per export": lambda lines: b"".join(gzip.compress(line) for line in lines),
+    # mtime=0: a header stamped with the time would change the file's first bytes between
+    # two writes of the same start a second apart (a real writer appends; these rewrite).
+    "gzip": lambda lines: gzip.compress(b"".join(lines), mtime=0),
+    "gzip, a member per export": lambda lines: b"".join(gzip.compress(line, mtime=0) for line in lines),
     "zstd": lambda lines: _zstd(b"".join(lines)),
     "zstd frames": _zstd_frames,
     "spaced": _spaced,

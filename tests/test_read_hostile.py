@@ -123,7 +123,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 COMMANDS = {
     "sql": (["sql", "{dir}", "SELECT count(*) AS pages FROM pages", "--format", "csv"], 0),
     "audit": (["audit", "{dir}", "--format", "json"], 1),  # the read errors are KVA007 warnings
-    "alerts eval": (["alerts", "eval", "{dir}", "--format", "json"], 0),
+    "alerts eval": (["alerts", "eval", "{dir}", "--format", "json"], 1),  # the read errors fire an alert
     "alerts watch": (["alerts", "watch", "{dir}", "--once", "--state", "{tmp}/s.json", "--notify", "file:{tmp}/n"], 0),
     "tui --snapshot": (["tui", "{dir}", "--snapshot", "--window", "all"], 0),
     "ingest": (["ingest", "{dir}", "-o", "{tmp}/t.duckdb", "-q"], 0),

@@ -22,7 +22,16 @@ def test_report_terminal_and_html(
     html = tmp_path / "report.html"
     assert main(["report", str(trace_dir), "--html", str(html), "--sample-rate", "1"]) == 1
     out = capsys.readouterr().out
-    for title in ("Findings", "KVA004", "Reuse", "Hit rates", "Transfer overhead", "Pool capacity"):
+    for title in (
+        "Headline",
+        "critical findings",
+        "Findings",
+        "KVA004",
+        "Reuse",
+        "Hit rates",
+        "Transfer overhead",
+        "Pool capacity",
+    ):
         assert title in out
     text = html.read_text()
     assert text.count("<section>") == 9 and "Plotly.newPlot" in text

@@ -12,7 +12,7 @@ from kvaudit.analyse.audit import run_audit
 from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH
 from kvaudit.read.store import TraceStore
-from kvaudit.simulator.engine import GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
+from kvaudit.simulator.engine import GROUND_TRUTH_FILE, PAGE_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import RAW_PTR, ROLLING_UPGRADE, Faults, parse_faults, read_ground_truth
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, load_model
 from kvaudit.simulator.stats import summarise
@@ -180,7 +180,9 @@ def test_ground_truth_is_what_the_traces_show(tmp_path: Path, guard: bool):
         for record in result.requests:
             new = record.tokens - record.used_tokens
             assert record.prefill_s == pytest.approx(cost.prefill_s(model, new, record.used_tokens))
-        assert sum(r.rejected_tokens for r in result.requests) == 256 * len(truth)
+        # The first page the guard refuses breaks the prefix: the pages after it are not used either.
+        _, [(unused,)] = store.query("SELECT count(*) FROM pages WHERE op = 'fetch' AND NOT used")
+        assert sum(r.rejected_tokens for r in result.requests) == 256 * unused >= 256 * len(truth)
 
 
 def test_auditor_finds_every_injected_fault_and_nothing_on_a_clean_run(tmp_path: Path):
@@ -205,10 +207,11 @@ def test_local_tier_serves_its_own_replica_first(tmp_path: Path):
 def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "out"
     args = ["simulate", "--out", str(out), "--duration", "30", "--rate", "0.5", "--fault", "rolling-upgrade:10"]
-    assert main([*args, "--router", "prefix-aware", "--local-gib", "16", "--guard"]) == 0
+    assert main([*args, "--router", "prefix-aware", "--local-gib", "16", "--guard", "--prevent"]) == 0
     assert "Per workload" in capsys.readouterr().out
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.*")) == [
         GROUND_TRUTH_FILE,
+        PAGE_TRUTH_FILE,
         "traces/r1.jsonl",
         "traces/r2.jsonl",
     ]
@@ -216,3 +219,34 @@ def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert "raw-ptr:7" in capsys.readouterr().err
     assert main(["simulate", "--out", str(out), "--gpu", "a100", "--precision", "fp8"]) == 2
     assert "no fp8 tensor cores" in capsys.readouterr().err
+
+
+UPGRADE = dataclasses.replace(SMALL, faults=Faults(upgrade_at_s=45, guard=True))
+# The bytes of fetched pages whose layout is not their consumer's: what the guard rejects.
+FOREIGN_BYTES = (
+    "SELECT coalesce(sum(p.bytes), 0) FROM pages p JOIN replicas r USING (resource_id)"
+    " WHERE p.op = 'fetch' AND p.layout IS DISTINCT FROM r.layout"
+)
+
+
+def test_prevent_rolling_upgrade_moves_no_bytes_for_pages_the_guard_would_reject(tmp_path: Path):
+    guarded, guard_store = _run(UPGRADE, tmp_path / "guard")
+    config = dataclasses.replace(UPGRADE, faults=dataclasses.replace(UPGRADE.faults, prevent=True))
+    prevented, store = _run(config, tmp_path / "prevent")
+    # Guard only: the old layout's pages reach the upgraded replica, move, and are rejected
+    # (each one the ground truth records; the pages after a refused one are not fetched).
+    refused = [truth for truth in guarded.ground_truth if not truth.used]
+    assert refused
+    assert guard_store.query(FOREIGN_BYTES)[1] == [(len(refused) * UPGRADE.model.page_bytes(UPGRADE.page_tokens),)]
+    # Prevention: they are never found, so nothing of theirs moves and nothing is rejected.
+    assert store.query(FOREIGN_BYTES)[1] == [(0,)]
+    assert prevented.ground_truth == []
+    assert sum(r.rejected_tokens for r in prevented.requests) == 0
+    assert run_audit(store) == []
+    # The upgraded replica still reuses pages of its own layout.
+    _, packed = store.query(
+        "SELECT count(*) FROM pages p JOIN replicas r USING (resource_id)"
+        " WHERE p.op = 'fetch' AND p.used AND r.layout = $layout",
+        {"layout": LAYOUT_PACKED},
+    )
+    assert packed[0][0] > 0

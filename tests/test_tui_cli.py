@@ -56,7 +56,9 @@ def test_snapshot_prints_the_panels_figures(fleet: Fleet, trace_dir: Path, capsy
             "used_bytes": 6 * full_page("k").bytes,
         }
     ]
-    assert figures["alerts"] is None
+    # Without --rules, the default pack, as `kvaudit alerts eval` uses it (these pages carry an address: KVA002).
+    assert figures["alerts_source"] == "default rule pack"
+    assert {(a["name"], a["state"]) for a in figures["alerts"]} == {("KVAuditCriticalFinding", "firing")}
 
 
 def test_snapshot_has_the_auditors_findings(fleet: Fleet, trace_dir: Path, capsys):
@@ -76,6 +78,7 @@ def test_snapshot_with_rules(fleet: Fleet, trace_dir: Path, tmp_path: Path, caps
     rules.write_text(RULES)
     figures = snapshot_json(capsys, str(trace_dir), "--rules", str(rules))
     assert [(a["name"], dict(a["labels"])["replica"]) for a in figures["alerts"]] == [("AnyFetch", "r2")]
+    assert figures["alerts_source"] == str(rules)
 
 
 def test_collect_snapshot_starts_and_stops_the_receiver(tmp_path: Path, capsys):

@@ -70,7 +70,7 @@ def snapshot_app(trace_dir: Path, auditor: ScriptedAuditor | None, alerts: bool 
     source = LiveSource(
         TraceStore([trace_dir], workers=1),
         auditor=auditor,
-        alerting=(lambda store: ALERTS) if alerts else None,
+        alerting=(lambda backend, findings: ALERTS) if alerts else None,
         audit_interval_s=0,
     )
     return KvauditApp(source, watching="traces/", interval_s=0.2)
@@ -167,3 +167,36 @@ def test_filtered_and_paused(snap_compare, fleet: Fleet, trace_dir: Path):
 def test_help_screen(snap_compare, fleet: Fleet, trace_dir: Path):
     app = snapshot_app(trace_dir, busy_fleet(fleet))
     assert snap_compare(app, terminal_size=SIZE, run_before=loaded(2, pressing("question_mark")))
+
+
+# The smallest terminal kvaudit is made for: the columns that matter, values wrapped, help inside.
+SMALL = (80, 24)
+
+
+def test_main_screen_80x24(snap_compare, fleet: Fleet, trace_dir: Path):
+    app = snapshot_app(trace_dir, busy_fleet(fleet), alerts=True)
+    assert snap_compare(app, terminal_size=SMALL, run_before=loaded(2))
+
+
+def test_drill_down_80x24(snap_compare, fleet: Fleet, trace_dir: Path):
+    app = snapshot_app(trace_dir, busy_fleet(fleet))
+    assert snap_compare(app, terminal_size=SMALL, run_before=loaded(2, drill_into()))
+
+
+def test_help_screen_80x24(snap_compare, fleet: Fleet, trace_dir: Path):
+    app = snapshot_app(trace_dir, busy_fleet(fleet))
+    assert snap_compare(app, terminal_size=SMALL, run_before=loaded(2, pressing("question_mark")))
+
+
+def test_zoomed_findings_80x24(snap_compare, fleet: Fleet, trace_dir: Path):
+    app = snapshot_app(trace_dir, busy_fleet(fleet))
+    assert snap_compare(app, terminal_size=SMALL, run_before=loaded(2, pressing("z")))
+
+
+def test_window_without_the_findings_80x24(snap_compare, fleet: Fleet, trace_dir: Path):
+    """The findings happened more than a minute before the latest operation: the 1m window shows none."""
+    auditor = busy_fleet(fleet)
+    fleet.clock.advance(120)
+    fleet.conversation("r1", "r3", 30)
+    app = snapshot_app(trace_dir, auditor)
+    assert snap_compare(app, terminal_size=SMALL, run_before=loaded(2, pressing("1")))

@@ -1,4 +1,4 @@
-"""The real `kvaudit tui` in a real terminal: tmux runs it, sends keys and reads the screen back."""
+"""The real `kvaudit tui` in a real terminal, 160x45 and 80x24: tmux runs it, sends keys, reads the screen."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from .test_tui_app import PACKED, UNPACKED, plant_bad_fetch
 from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
 from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
 
@@ -41,6 +42,44 @@ def test_real_terminal(fleet: Fleet, trace_dir: Path, terminal: Terminal):
     screen = terminal.wait_for("filter: replica:r3")
     assert "│ r3 " in screen and "│ r2 " not in screen
 
+    terminal.keys("q")
+    deadline = time.monotonic() + 10
+    while terminal.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not terminal.running(), "q did not quit the app"
+
+
+def test_real_terminal_at_80x24(fleet: Fleet, trace_dir: Path, terminal: Terminal):
+    """The real auditor and the default rule pack, in the smallest terminal kvaudit is made for."""
+    fleet.conversation("r1", "r2", 0)
+    plant_bad_fetch(fleet)
+    command = f"env -u COLUMNS -u LINES {sys.executable} -m kvaudit tui {trace_dir} --interval 200ms"
+    terminal.start(command, width=80, height=24)
+
+    screen = terminal.wait_for("KVA004")  # audited: the findings arrived
+    assert "critical" in screen and "hit rate" in screen and "hit tokens" in screen  # the columns that matter
+    terminal.wait_for("alerts: default rule pack")
+    terminal.wait_for("KVAuditCriticalFin")
+    terminal.wait_until_gone("auditing…")
+
+    terminal.keys("/")
+    terminal.wait_for("enter applies, escape clears")
+    terminal.keys("rule:KVA004", "Enter")
+    terminal.wait_for("filter: rule:KVA004")
+    terminal.keys("Enter")  # the drill-down: the values compared, whole
+    screen = terminal.wait_for("fetched descriptor")
+    screen = terminal.wait_for(UNPACKED)
+    assert PACKED in screen
+    terminal.keys("Escape")
+    terminal.wait_until_gone("fetched descriptor")
+
+    terminal.keys("?")
+    screen = terminal.wait_for("pause or resume reading the traces")
+    for line in screen.splitlines():
+        if "pause or resume" in line or "quit" in line:
+            assert line.rstrip().endswith("│"), f"the help box is cut at the right edge: {line!r}"
+    terminal.keys("Escape")
+    terminal.wait_until_gone("pause or resume reading the traces")
     terminal.keys("q")
     deadline = time.monotonic() + 10
     while terminal.running() and time.monotonic() < deadline:

@@ -11,7 +11,9 @@ order their shared stores need:
             float32                      guard2  KVAuditConnector(fault), guard on,
                                                  kv_load_failure_policy=recompute
 
-r1 computes from scratch: its output is the no-cache baseline. The fault connector's
+r1 computes from scratch: its output is the no-cache baseline. r1 and plain1 then reset
+their prefix caches and run the prompt twice more (requests 1 and 2): from the
+connector's store, then from the GPU prefix cache. The fault connector's
 raw-pointer store writes float32 block bytes with no metadata, which the bfloat16
 consumers read in their own dtype and layout (see kvaudit.hooks.vllm.fault). The fault
 replicas salt their prompt: same tokens and outputs, other page keys, so that the
@@ -36,6 +38,8 @@ from typing import Any
 import pytest
 
 from kvaudit.analyse.audit import run_audit
+from kvaudit.analyse.explain import Explanation, explain
+from kvaudit.causes import Cause
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
@@ -72,6 +76,7 @@ class Replica:
     after: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     result: list[dict[str, Any]] = field(default_factory=list)
+    after_reset: list[dict[str, Any]] = field(default_factory=list)
     log: str = ""
 
     @property
@@ -112,14 +117,17 @@ def _replicas(base: Path) -> list[Replica]:
     def spec(transfer: dict[str, Any], dtype: str = "bfloat16", salt: str | None = None) -> dict[str, Any]:
         return {"model": str(model), "dtype": dtype, "prompts": [PROMPT], "cache_salt": salt, "kv_transfer": transfer}
 
+    def reset_then_again(replica: dict[str, Any]) -> dict[str, Any]:
+        return replica | {"after_reset": [PROMPT, PROMPT]}
+
     def fault(replica: str, *, guard: bool = False, dtype: str = "bfloat16") -> dict[str, Any]:
         return spec(_transfer(base, "fault", replica, fault=True, guard=guard, module_path=True), dtype, FAULT_SALT)
 
     # r1/r2 load the wrapper by name (the vllm.general_plugins entry point), the
     # fault replicas by module path: both ways are exercised.
     return [
-        Replica("r1", spec(_transfer(base, "example", "r1"))),
-        Replica("plain1", spec(_transfer(base, "plain", None))),
+        Replica("r1", reset_then_again(spec(_transfer(base, "example", "r1")))),
+        Replica("plain1", reset_then_again(spec(_transfer(base, "plain", None)))),
         Replica("fault1", fault("fault1", dtype="float32")),
         Replica("r2", spec(_transfer(base, "example", "r2")), after=("r1",)),
         Replica("plain2", spec(_transfer(base, "plain", None)), after=("plain1",)),
@@ -145,6 +153,8 @@ def _run(replica: Replica, logs: Path) -> Replica:
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"replica {replica.name} failed (exit {proc.returncode}):\n{replica.log[-4000:]}")
     replica.result = json.loads(lines[-1].removeprefix("RESULT "))
+    again = [line for line in replica.log.splitlines() if line.startswith("AFTER_RESET ")]
+    replica.after_reset = json.loads(again[-1].removeprefix("AFTER_RESET ")) if again else []
     return replica
 
 
@@ -212,10 +222,10 @@ def store(fleet: Fleet) -> Iterator[TraceStore]:
     trace_store.close()
 
 
-def _pages(store: TraceStore, replica: str, op: str) -> list[dict[str, Any]]:
+def _pages(store: TraceStore, replica: str, op: str, request: str = "0") -> list[dict[str, Any]]:
     columns, rows = store.query(
-        "SELECT * FROM pages WHERE replica = $replica AND op = $op ORDER BY token_start",
-        {"replica": replica, "op": op},
+        "SELECT * FROM pages WHERE replica = $replica AND op = $op AND request_id = $request ORDER BY token_start",
+        {"replica": replica, "op": op, "request": request},
     )
     return [dict(zip(columns, row)) for row in rows]
 
@@ -272,7 +282,7 @@ def test_kv_events_carry_the_block_hashes_the_hook_reports(fleet: Fleet, store: 
 def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
     columns, rows = store.query(
         "SELECT replica, op, request_id, outcome, tokens_requested, tokens_hit, tokens_local, pages, bytes "
-        "FROM spans WHERE replica IN ('r1', 'r2') AND op IS NOT NULL ORDER BY replica, op"
+        "FROM spans WHERE replica IN ('r1', 'r2') AND op IS NOT NULL AND request_id = '0' ORDER BY replica, op"
     )
     spans = {(row[0], row[1]): dict(zip(columns, row)) for row in rows}
     assert set(spans) == {("r1", "lookup"), ("r1", "store"), ("r2", "fetch"), ("r2", "lookup")}
@@ -315,6 +325,8 @@ def test_resource_carries_the_replica_kv_config(store: TraceStore) -> None:
 
 def test_wrapping_changes_nothing(fleet: Fleet) -> None:
     assert fleet["plain1"].result == fleet["r1"].result
+    assert fleet["plain1"].after_reset == fleet["r1"].after_reset
+    assert [r["cached"] for r in fleet["r1"].after_reset] == [CACHED, CACHED]  # the connector's store, the GPU's
     assert fleet["plain2"].result == fleet["r2"].result
     kv = fleet.base / "kv"
     wrapped, plain = _tree(kv / "example"), _tree(kv / "plain")
@@ -367,14 +379,56 @@ def test_audit_reports_the_fault(store: TraceStore) -> None:
     assert {("KVA001", "warning"), ("KVA002", "warning")} <= by_replica["guard2"]
 
 
+def test_explain_names_each_pages_cause(fleet: Fleet) -> None:
+    """docs/design.md section 7 on real traces: the hook's, vLLM's own, and r1's KV events (its GPU cache)."""
+    source = open_store([str(fleet.base / folder) for folder in ("traces", "vllm_traces", "kv_events")])
+    try:
+
+        def request(replica: str, request_id: str = "0") -> Explanation:
+            [explanation] = explain(source, request_id, replica=replica)
+            assert [page.token_start for page in explanation.pages] == [i * BLOCK for i in range(PAGES)]
+            return explanation
+
+        def causes(explanation: Explanation) -> set[tuple[Any, ...]]:
+            return {(page.cause, page.producer, page.tier) for page in explanation.pages}
+
+        # r1 computes the prompt first: nobody stored it before (its own store came after).
+        assert {page.cause for page in request("r1").pages} == {Cause.NEVER_STORED}
+        # r2 reuses r1's pages from the connector's store.
+        reused = request("r2")
+        assert causes(reused) == {(Cause.HIT_POOL, "r1", "disk")}
+        assert reused.hit_tokens == reused.achievable_tokens == CACHED
+        # After r1's prefix-cache reset its GPU no longer holds the prompt: the connector's store serves it ...
+        assert causes(request("r1", "1")) == {(Cause.HIT_LOCAL, "r1", "disk")}
+        # ... and the request after that finds it in the GPU again, stored there after the reset.
+        again = request("r1", "2")
+        assert causes(again) == {(Cause.HIT_GPU, "r1", "gpu")}
+        assert {(page.evict_reason, page.evicted_tier, page.evicted_replica) for page in again.pages} == {
+            ("cleared", "gpu", "r1")
+        }
+        assert all(page.evicted_ns <= page.stored_ns <= again.lookup_ns for page in again.pages)
+        # The guard refuses the first raw-pointer page; vLLM recomputes it and every later one.
+        guarded = request("guard2").pages
+        assert [page.cause for page in guarded] == [Cause.REJECTED] + [Cause.PREFIX_BROKEN] * (PAGES - 1)
+        assert "KVA002 address" in (guarded[0].rule or "")
+        # Without the guard the same pages are used, silently: hits, whose producer is fault1.
+        assert {(page.cause, page.producer) for page in request("fault2").pages} == {(Cause.HIT_POOL, "fault1")}
+    finally:
+        source.close()
+
+
 # ---- the pieces, without an engine ----
 
 
 def test_version_gate() -> None:
-    from kvaudit.hooks.vllm.version import is_supported
+    from kvaudit.hooks.vllm.version import first_releases, instrumentation_dependencies, is_supported
 
-    assert is_supported("0.32.0") and is_supported("0.32.3+cpu")
-    assert not is_supported("0.31.9") and not is_supported("0.33.0") and not is_supported("garbage")
+    assert instrumentation_dependencies() == ("vllm >= 0.32, < 0.35",)
+    assert first_releases() == ("0.32.0", "0.33.0", "0.34.0")
+    assert all(is_supported(v) for v in ("0.32.0", "0.32.3+cpu", "0.33.0", "0.34.2"))
+    # Outside the range, and builds no conformance test has seen (release candidates, nightlies).
+    for version in ("0.31.9", "0.35.0", "0.35.0rc1", "0.34.1.dev5+g62d4bc3", "garbage"):
+        assert not is_supported(version), version
 
 
 def test_settings_require_wrap_and_replica() -> None:

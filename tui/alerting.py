@@ -1,17 +1,22 @@
-"""Firing alerts from a rule file, through the alerting engine (`kvaudit.alerts`)."""
+"""Pending and firing alerts, through the alerting engine (`kvaudit.alerts`): of a rule file, or of
+the default rule pack when none is given (as `kvaudit alerts eval` does)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kvaudit.alerts.engine import RuleEngine
-from kvaudit.alerts.rules import load_rules
+from kvaudit.alerts.rules import load_default_pack, load_rules
+from kvaudit.analyse.audit import Finding
 from kvaudit.backends import Backend
 
-# Evaluates the rules over a backend (at the engine's own group intervals) and returns its alerts.
-Alerting = Callable[[Backend], tuple["AlertRow", ...]]
+DEFAULT_PACK: Final = "default rule pack"
+
+# Evaluates the rules over a backend (at the engine's own group intervals), given the
+# auditor's latest findings when there are any (None: the engine audits), and returns its alerts.
+Alerting = Callable[[Backend, Sequence[Finding] | None], tuple["AlertRow", ...]]
 
 
 @dataclass(frozen=True)
@@ -44,11 +49,23 @@ def alert_rows(alerts: Iterable[Any]) -> tuple[AlertRow, ...]:
     return tuple(sorted((r for r in rows if r.state != "resolved"), key=lambda r: (r.state != "firing", r.name)))
 
 
-def rule_alerting(rules: str, *, skew_s: float = 1.0) -> Alerting:
-    """The engine of `kvaudit.alerts` over a rule file.
+@dataclass(frozen=True)
+class RuleAlerting:
+    """The engine over a set of rules; `name` says which (a file, or the default pack)."""
+
+    name: str
+    engine: RuleEngine
+
+    def __call__(self, backend: Backend, findings: Sequence[Finding] | None) -> tuple[AlertRow, ...]:
+        return alert_rows(self.engine.evaluate(backend, findings=findings))
+
+
+def rule_alerting(rules: str | None, *, skew_s: float = 1.0) -> RuleAlerting:
+    """The engine of `kvaudit.alerts` over a rule file, or over the default pack when `rules` is None.
 
     Raises:
         ValueError: the rule file is invalid (the engine says where).
     """
-    engine = RuleEngine(load_rules([rules]), skew_s=skew_s)
-    return lambda backend: alert_rows(engine.evaluate(backend))
+    if rules is None:
+        return RuleAlerting(DEFAULT_PACK, RuleEngine(load_default_pack(), skew_s=skew_s))
+    return RuleAlerting(rules, RuleEngine(load_rules([rules]), skew_s=skew_s))

@@ -56,10 +56,13 @@ def number(value: float | None, unit: str, digits: int = 2) -> Text:
     return Text(f"{value:.{digits}f} {unit}")
 
 
-def alarm(value: int | None, *, style: str) -> Text:
-    """A count that should be zero: styled when it is not, `n/a` when unknown."""
+PENDING: Final = Text("…", style="dim italic")  # not known yet (being computed), never shown as 0
+
+
+def alarm(value: int | None, *, style: str, pending: bool = False) -> Text:
+    """A count that should be zero: styled when it is not; `…` while it is being computed, `n/a` when unknown."""
     if value is None:
-        return Text("n/a", style="dim")
+        return PENDING if pending else Text("n/a", style="dim")
     return Text(str(value), style=style if value else "dim")
 
 

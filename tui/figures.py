@@ -1,7 +1,9 @@
 """The figures every panel shows, computed by the named `tui/*` queries over a backend.
 
 `Figures` is one consistent picture at one moment: the panels render it and
-`--snapshot` prints it, so the screen and the JSON can never disagree.
+`--snapshot` prints it, so the screen and the JSON can never disagree. Every figure
+answers for the window shown, the findings and their counts included; the alerts are
+what the rules say now (each rule reads its own window).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ class ReplicaFigures:
     fetch_gbps: float | None
     p99_fetch_ms: float | None
     rejected_pages: int
-    critical_findings: int | None  # None: no auditor
+    critical_findings: int | None  # in the window; None: no auditor, or (critical_pending) not audited yet
     activity: tuple[int, ...]  # tokens hit per time bucket over the window, oldest first
+    critical_pending: bool = False  # the first audit has not finished: unknown, not zero
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,18 @@ class ReuseCell:
 
 @dataclass(frozen=True)
 class Analysis:
-    """What the auditor and the alerting engine said last; a None list comes with its note."""
+    """What the auditor and the alerting engine said last; a None list comes with its note.
+
+    `findings_pending`: None findings mean "not audited yet" (the note says so), not
+    "no auditor". `alerts_source`: the rules the alerts come from.
+    """
 
     findings: tuple[FindingRow, ...] | None = None
     findings_note: str = ""
+    findings_pending: bool = False
     alerts: tuple[AlertRow, ...] | None = None
     alerts_note: str = ""
+    alerts_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,13 @@ class Figures:
     read_errors: int
     replicas: tuple[ReplicaFigures, ...] = ()
     reuse: tuple[ReuseCell, ...] = ()
-    findings: tuple[FindingRow, ...] | None = None  # None: no auditor (findings_note says why)
+    findings: tuple[FindingRow, ...] | None = None  # in the window; None: none known (findings_note says why)
     findings_note: str = ""
-    alerts: tuple[AlertRow, ...] | None = None  # None: no alerting (alerts_note says why)
+    findings_pending: bool = False  # None findings because the first audit has not finished
+    findings_total: int | None = None  # over all the traces, whatever the window
+    alerts: tuple[AlertRow, ...] | None = None  # None: none known (alerts_note says why)
     alerts_note: str = ""
+    alerts_source: str = ""  # the rule file, or the default pack
     # The order figures were computed in (LiveSource numbers them): two workers hand theirs
     # to the screen in either order, and the older must not replace the newer.
     serial: int = field(default=0, compare=False)
@@ -102,10 +114,10 @@ def compute_figures(
         skew_s: clock skew allowed between replicas (without the index).
     """
     extent = _extent(backend)
-    analysed = vars(analysis)
     if extent.latest_ns is None or extent.earliest_ns is None:
-        return Figures(window.name, None, None, extent.pages, extent.read_errors, **analysed)
+        return Figures(window.name, None, None, extent.pages, extent.read_errors, **_analysed(analysis, None))
     since = window.since_ns(extent.earliest_ns, extent.latest_ns)
+    analysed = _analysed(analysis, since)
     if indexed:
         reuse_rows = _rows(backend, "tui/reuse", since_ns=since)
     else:
@@ -116,7 +128,7 @@ def compute_figures(
     for replica, bucket, tokens in _rows(backend, "tui/activity", since_ns=since, bucket_ns=bucket_ns):
         activity[replica][min(bucket, SPARK_BUCKETS - 1)] += int(tokens)
     critical: dict[str | None, int] = defaultdict(int)
-    findings = analysis.findings
+    findings = analysed["findings"]
     for finding in findings or ():
         critical[finding.replica] += finding.severity == CRITICAL
     replicas = tuple(
@@ -132,10 +144,19 @@ def compute_figures(
             rejected_pages=sum(c.rejected_pages for c in reuse if c.consumer == replica),
             critical_findings=None if findings is None else critical[replica],
             activity=tuple(activity[replica]),
+            critical_pending=analysis.findings_pending,
         )
         for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(backend, "tui/replicas", since_ns=since)
     )
     return Figures(window.name, since, extent.latest_ns, extent.pages, extent.read_errors, replicas, reuse, **analysed)
+
+
+def _analysed(analysis: Analysis, since_ns: int | None) -> dict[str, Any]:
+    """The analysis as `Figures` fields, its findings narrowed to the window starting at `since_ns`."""
+    fields = vars(analysis) | {"findings_total": None if analysis.findings is None else len(analysis.findings)}
+    if analysis.findings is not None:
+        fields["findings"] = tuple(f for f in analysis.findings if f.in_window(since_ns))
+    return fields
 
 
 def _extent(backend: Backend) -> _Extent:

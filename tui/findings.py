@@ -2,7 +2,9 @@
 
 The TUI never decides what is wrong with a page itself: findings come from the
 auditor's rules (docs/design.md section 4). With the auditor off the findings panel
-says so instead of showing an empty, reassuring list.
+says so instead of showing an empty, reassuring list. Each finding carries the end of
+its span (`tui/finding_times`), so that the panels count only the findings of the window
+they show.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import pyarrow as pa
+
 from kvaudit.analyse.audit import Finding, run_audit
+from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
 
 # Calls the auditor over a backend.
@@ -19,6 +24,8 @@ Auditor = Callable[[Backend], Sequence[Finding]]
 
 SEVERITIES: Final = ("critical", "warning", "info")
 CRITICAL: Final = SEVERITIES[0]
+_TIMES: Final = load("tui/finding_times")
+_SPANS_TABLE: Final = "tui_finding_spans"
 
 
 @dataclass(frozen=True)
@@ -41,9 +48,10 @@ class FindingRow:
     message: str
     file: str | None
     line: int | None
+    time_ns: int | None = None  # when its span ended; None: no span (an unreadable line), in every window
 
     @classmethod
-    def of(cls, finding: Any) -> FindingRow:
+    def of(cls, finding: Any, time_ns: int | None = None) -> FindingRow:
         """A row from an auditor's finding object (read by attribute)."""
         return cls(
             code=str(finding.code),
@@ -58,11 +66,16 @@ class FindingRow:
             message=str(finding.message),
             file=getattr(finding, "file", None),
             line=getattr(finding, "line", None),
+            time_ns=time_ns,
         )
 
     @property
     def severity_rank(self) -> int:
         return SEVERITIES.index(self.severity) if self.severity in SEVERITIES else len(SEVERITIES)
+
+    def in_window(self, since_ns: int | None) -> bool:
+        """Its span ended in the window starting at `since_ns` (as the panels' spans: `end_ns >= since`)."""
+        return since_ns is None or self.time_ns is None or self.time_ns >= since_ns
 
 
 def _fields(fields: Mapping[str, Any] | Iterable[str] | None) -> dict[str, dict[str, Any]]:
@@ -74,10 +87,23 @@ def _fields(fields: Mapping[str, Any] | Iterable[str] | None) -> dict[str, dict[
     return {name: {} for name in fields}
 
 
-def finding_rows(findings: Iterable[Any]) -> tuple[FindingRow, ...]:
-    """Rows of findings, critical first, then by rule, replica and key."""
-    rows = [FindingRow.of(f) for f in findings]
+def finding_rows(findings: Iterable[Any], times: Mapping[tuple[str, str], int] | None = None) -> tuple[FindingRow, ...]:
+    """Rows of findings, critical first, then by rule, replica and key; `times` gives their spans' ends."""
+    times = times or {}
+    rows = [FindingRow.of(f, times.get((f.trace_id, f.span_id))) for f in findings]
     return tuple(sorted(rows, key=lambda r: (r.severity_rank, r.code, r.replica or "", r.key or "")))
+
+
+def span_times(backend: Backend, findings: Sequence[Any]) -> dict[tuple[str, str], int]:
+    """(trace_id, span_id) -> the end of that span, for the findings that name a span."""
+    spans = sorted({(f.trace_id, f.span_id) for f in findings if f.trace_id is not None and f.span_id is not None})
+    if not spans:
+        return {}
+    backend.temp_table(
+        _SPANS_TABLE,
+        pa.table({"trace_id": [t for t, _ in spans], "span_id": [s for _, s in spans]}),
+    )
+    return {(trace_id, span_id): end_ns for trace_id, span_id, end_ns in backend.query(_TIMES)[1]}
 
 
 def auditor(skew_s: float) -> Auditor:

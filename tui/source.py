@@ -8,32 +8,41 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
+from kvaudit.analyse.audit import Finding
 from kvaudit.backends import Source, as_backend
 from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
 from kvaudit.tui.figures import Analysis, Figures, compute_figures
-from kvaudit.tui.findings import Auditor, FindingRow, finding_rows
+from kvaudit.tui.findings import Auditor, FindingRow, finding_rows, span_times
 from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.window import Window
 
 NO_AUDITOR: Final = "not audited: the auditor is off"
-NO_RULES: Final = "no rule file (--rules)"
+AUDITING: Final = "auditing…"
+NO_ALERTING: Final = "no alert rules"
+EVALUATING: Final = "evaluating the rules…"
 
 
 class LiveSource:
     """Traces being written, turned into `Figures` on demand.
 
+    Until the first audit and the first evaluation of the rules finish, the findings and
+    alerts are unknown (None, with a note saying they are on their way), never an empty
+    list that would read as "all clear".
+
     Args:
         source: the traces (trace files are read incrementally by `poll`): a backend, or a
             DuckDB store.
         auditor: computes findings; None shows that there is no auditor.
-        alerting: evaluates the rule file; None with `alerts_note` saying why there is none.
+        alerting: evaluates the alert rules; None shows that there are none.
+        alerts_source: what the rules are (a file, the default pack), for the alerts panel.
         skew_s: clock skew allowed between replicas when joining fetches to stores.
-        audit_interval_s: the least time between two audits (an audit reads everything).
+        audit_interval_s: the least time between two audits (an audit reads everything),
+            and between two evaluations of the rules when no audit brings news.
         clock: monotonic seconds (tests pass their own).
     """
 
@@ -43,7 +52,7 @@ class LiveSource:
         *,
         auditor: Auditor | None,
         alerting: Alerting | None = None,
-        alerts_note: str = NO_RULES,
+        alerts_source: str = "",
         skew_s: float = 1.0,
         audit_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -55,19 +64,26 @@ class LiveSource:
         self._audit_interval_s = audit_interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        # The auditor reads through a connection of its own to the same data, so a long
-        # audit runs beside the refreshes instead of holding them up.
+        self._analysing = threading.Lock()  # held by `analyse`, which reads through the audit connection
+        self._closed = False
+        # The auditor and the rules read through a connection of their own to the same data,
+        # so a long audit runs beside the refreshes instead of holding them up.
         self._audit_backend = backend.cursor()
         self._analysis = Analysis(
-            findings=None if auditor is None else (),
-            findings_note="" if auditor is not None else NO_AUDITOR,
-            alerts=None if alerting is None else (),
-            alerts_note="" if alerting is not None else alerts_note,
+            findings=None,
+            findings_note=NO_AUDITOR if auditor is None else AUDITING,
+            findings_pending=auditor is not None,
+            alerts=None,
+            alerts_note=NO_ALERTING if alerting is None else EVALUATING,
+            alerts_source=alerts_source,
         )
         self._producers = ProducerIndex.of(backend, skew_s=skew_s)
+        self._read = False  # a poll has finished: an audit now sees what the traces hold
         self._rows = 0
-        self._audited_rows = -1  # rows read when the findings were computed
+        self._audited_rows: int | None = None  # rows read when the findings were computed
+        self._findings: Sequence[Finding] | None = None  # the auditor's latest, for the rules' `findings` view
         self._next_audit = 0.0
+        self._next_alerting = 0.0
         self._last: Figures | None = None  # the latest figures computed
         self._serial = 0  # of the latest figures computed (Figures.serial)
 
@@ -81,6 +97,7 @@ class LiveSource:
             tables = self.backend.refresh(final=final)
             if tables is None:  # a backend that reads nothing itself: its queries see the newest data
                 self._rows += 1  # (so each poll may bring news for the auditor)
+                self._read = True
                 return self._figures(window)
             added = tables.spans.num_rows + tables.errors.num_rows
             if added == 0 and self._last is not None and self._last.window == window.name:
@@ -88,29 +105,49 @@ class LiveSource:
             if self._producers is not None:
                 self._producers.add(tables.pages)
             self._rows += added
+            self._read = True
             return self._figures(window)
 
+    def audit_due(self) -> bool:
+        """An audit would run now: the traces were read, changed since the last audit, and the interval passed."""
+        return (
+            self._auditor is not None
+            and self._read
+            and self._rows != self._audited_rows
+            and self._clock() >= self._next_audit
+        )
+
     def analyse(self, window: Window, *, force: bool = False) -> Figures | None:
-        """Audit (when new rows arrived and the interval passed) and evaluate the alert rules.
+        """Audit (when due) and evaluate the alert rules (after an audit, else once per interval).
 
         Call it from one thread at a time; `poll` may run meanwhile.
 
         Returns:
             The figures with what changed, or None when nothing did.
         """
-        findings = None
-        if self._auditor is not None and (force or self._audit_due()):
-            self._audited_rows = self._rows
-            findings = finding_rows(self._auditor(self._audit_backend))
-            self._next_audit = self._clock() + self._audit_interval_s
-        with self._lock:
-            analysis = self._analysis if findings is None else replace(self._analysis, findings=findings)
-            if self._alerting is not None:
-                analysis = replace(analysis, alerts=self._alerting(self.backend))
-            if analysis == self._analysis:
+        with self._analysing:
+            if self._closed:
                 return None
-            self._analysis = analysis
-            return self._figures(window)
+            findings = None
+            if self._auditor is not None and (force or self.audit_due()):
+                self._audited_rows = self._rows
+                self._findings = self._auditor(self._audit_backend)
+                findings = finding_rows(self._findings, span_times(self._audit_backend, self._findings))
+                self._next_audit = self._clock() + self._audit_interval_s
+            alerts = None
+            if self._alerting is not None and (force or findings is not None or self._clock() >= self._next_alerting):
+                alerts = self._alerting(self._audit_backend, self._findings)
+                self._next_alerting = self._clock() + self._audit_interval_s
+            with self._lock:
+                analysis = self._analysis
+                if findings is not None:
+                    analysis = replace(analysis, findings=findings, findings_note="", findings_pending=False)
+                if alerts is not None:
+                    analysis = replace(analysis, alerts=alerts, alerts_note="")
+                if analysis == self._analysis:
+                    return None
+                self._analysis = analysis
+                return self._figures(window)
 
     def figures(self, window: Window) -> Figures:
         """The figures over `window` without reading anything new (a window change)."""
@@ -123,13 +160,13 @@ class LiveSource:
             return descriptor_pair(self.backend, finding, skew_s=self._skew_s)
 
     def close(self) -> None:
-        with self._lock:
+        """Stop an audit in flight (it would hold the connections open), then close both connections."""
+        self._closed = True
+        self._audit_backend.interrupt()
+        with self._analysing, self._lock:
             if self._audit_backend is not self.backend:
                 self._audit_backend.close()
             self.backend.close()
-
-    def _audit_due(self) -> bool:
-        return self._rows != self._audited_rows and self._clock() >= self._next_audit
 
     def _figures(self, window: Window) -> Figures:
         self._serial += 1

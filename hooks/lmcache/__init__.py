@@ -15,8 +15,22 @@ the instrumentor on itself, from `kvaudit.*` entries of `extra_config`
 (`plugin_config(replica="r1", export="file:...")` writes them).
 """
 
+from typing import Any
+
 from kvaudit.hooks.lmcache.instrumentor import SUPPORTED_VERSIONS, instrument, is_instrumented, uninstrument
-from kvaudit.hooks.lmcache.plugin import PLUGIN_NAME, plugin_config
+
+_FROM_PLUGIN = ("PLUGIN_NAME", "plugin_config")
+
+
+def __getattr__(name: str) -> Any:
+    # The plugin module subclasses LMCache's plugin interface, so it is imported when first
+    # asked for: the rest (SUPPORTED_VERSIONS, for `kvaudit doctor`) imports without LMCache.
+    if name in _FROM_PLUGIN:
+        from kvaudit.hooks.lmcache import plugin
+
+        return getattr(plugin, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PLUGIN_NAME",

@@ -16,7 +16,8 @@ from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Operation
 from kvaudit.guard import violations
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
-from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, tier_of
+from kvaudit.hooks.lmcache.links import LINKS, Link
+from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, key_hex, tier_of
 from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
 
 if TYPE_CHECKING:
@@ -27,14 +28,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def start(state: Runtime, manager: StorageManager, op: Op, keys: Sequence[Any], location: str | None) -> Operation:
+def start(
+    state: Runtime, manager: StorageManager, op: Op, keys: Sequence[Any], location: str | None, link: Link | None
+) -> Operation:
+    """Open the operation; under a layer above (`link`), as its child and under its request id."""
     last = state.range_of(keys[-1]) if keys else None
     return state.emitter(manager.config, manager.metadata).operation(
         op,
         hook=Hook.LMCACHE_ENGINE,
-        request_id=REQUEST_ID.get(),
+        request_id=LINKS.request_id(REQUEST_ID.get(), link),
         backend=backend_label(location) if op is Op.FETCH else None,
         tokens_requested=last[1] if last else None,
+        parent=link.parent if link is not None else None,
     )
 
 
@@ -64,8 +69,13 @@ def finish(
     location: str | None,
     *,
     guard: bool,
+    link: Link | None = None,
 ) -> list[MemoryObj | None]:
-    """Describe the fetched objects, end `op`, and return the objects LMCache may use."""
+    """Describe the fetched objects, end `op`, and return the objects LMCache may use.
+
+    `link` (a layer above) is told every requested chunk, those not fetched or not used
+    with `used=False`.
+    """
     carried = carries_metadata(manager, location)
     tier = tier_of(location)
     consumer = state.kv_config(manager.config, manager.metadata) if guard else None
@@ -73,9 +83,12 @@ def finish(
     prefix_intact = True
     rejected_at: int | None = None
     used_pages = tokens_hit = 0
+    told: list[PageDescriptor] = []
     for index, (key, obj) in enumerate(zip(keys, objs, strict=False)):
         if obj is None:
             prefix_intact = False
+            if link is not None:
+                told.append(_missing_page(key, state.range_of(key)))
             continue
         token_range = state.range_of(key)
         page = fetch_page(
@@ -104,6 +117,7 @@ def finish(
             if token_range is not None:
                 tokens_hit += token_range[1] - token_range[0]
         op.add_page(page)
+        told.append(page)
     if rejected_at is not None:
         objs = list(objs)
         for index in range(rejected_at, len(objs)):
@@ -113,7 +127,15 @@ def finish(
                 obj.ref_count_down()
                 objs[index] = None
     op.end(_outcome(used_pages, len(keys), rejected_at is not None), tokens_hit=tokens_hit)
+    if link is not None:
+        link.on_pages(told)
     return objs
+
+
+def _missing_page(key: CacheEngineKey, token_range: tuple[int, int] | None) -> PageDescriptor:
+    """What a layer above is told of a requested chunk LMCache did not get."""
+    start, end = token_range if token_range is not None else (None, None)
+    return PageDescriptor(key=key_hex(key), token_start=start, token_end=end, used=False)
 
 
 def _vet(

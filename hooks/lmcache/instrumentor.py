@@ -10,7 +10,8 @@ Wrapped: `StorageManager.batched_get` and `get` (blocking fetches; guard mode ac
 here), `get_non_blocking` and `layerwise_batched_get` (observed when their futures
 finish, not guarded), `batched_contains` (lookups); and, only to learn what those
 cannot see, the token databases' `process_tokens` (each key's token range, the hash
-algorithm) and `LMCacheEngine.store`/`retrieve`/`lookup` (the request id). And
+algorithm; with `prevent`, it puts the geometry tag into their keys) and
+`LMCacheEngine.store`/`retrieve`/`lookup` (the request id). And
 `LocalCPUBackend.remove` / `LocalDiskBackend.remove`, every page leaving those stores
 (evictions; see `evict`).
 """
@@ -24,13 +25,21 @@ from typing import Any, Final
 
 from kvaudit.contract import Op, Outcome
 from kvaudit.emit.emitter import Emitter
-from kvaudit.hooks.lmcache import evict, fetch, runtime
+from kvaudit.hooks.lmcache import evict, fetch, prevent, runtime
+from kvaudit.hooks.lmcache.links import LINKS, Link
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VERSIONS: Final = ("0.5.6",)
 
 _originals: dict[tuple[type, str], Callable[..., Any]] = {}
+
+
+def refusal(version: str) -> str | None:
+    """Why the hook does not instrument LMCache `version`, or None when it does (`kvaudit doctor` asks too)."""
+    if version in SUPPORTED_VERSIONS:
+        return None
+    return f"LMCache {version} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})"
 
 
 def is_instrumented() -> bool:
@@ -45,6 +54,7 @@ def instrument(
     guard: bool = False,
     checksum_rate: float = 0.0,
     registry: str | None = None,
+    prevent: bool = False,
 ) -> bool:
     """Install the fetch and lookup hooks; False (and one log line) on an unsupported LMCache.
 
@@ -56,17 +66,16 @@ def instrument(
         checksum_rate: share of pages whose payload gets an xxh3 checksum (0 to 1).
         registry: a directory shared by the replicas where stores leave their
             descriptors, so the guard can compare a fetched page with its store.
+        prevent: put the engine's geometry fingerprint into every key it makes, so
+            pages of replicas that cannot read each other's never hit (`prevent`).
     """
     if _originals:
         return True
     import lmcache
 
-    if lmcache.__version__ not in SUPPORTED_VERSIONS:
-        logger.error(
-            "kvaudit: LMCache %s is not supported (supported: %s); LMCache hooks not installed",
-            lmcache.__version__,
-            ", ".join(SUPPORTED_VERSIONS),
-        )
+    reason = refusal(lmcache.__version__)
+    if reason is not None:
+        logger.error("kvaudit: %s; LMCache hooks not installed", reason)
         return False
     from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
@@ -74,7 +83,7 @@ def instrument(
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
 
-    options = runtime.Options(replica, export, guard, checksum_rate, registry)
+    options = runtime.Options(replica, export, guard, checksum_rate, registry, prevent)
     runtime.install(runtime.Runtime(options, emitter))
     _wrap(StorageManager, "batched_get", _batched_get)
     _wrap(StorageManager, "get", _get)
@@ -104,9 +113,9 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
     setattr(cls, name, functools.wraps(original)(make(original)))
 
 
-def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None) -> Any:
+def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None, link: Link | None) -> Any:
     try:
-        return fetch.start(state, manager, op, keys, location)
+        return fetch.start(state, manager, op, keys, location, link)
     except Exception as exc:  # the hook's own failure must not become LMCache's
         runtime.failed(op.value, exc)
         return None
@@ -122,11 +131,20 @@ def _call(op: Any, original: Callable[..., Any], *args: Any) -> Any:
         raise
 
 
-def _finish(state: runtime.Runtime, manager: Any, op: Any, keys: Any, objs: Any, location: Any, guard: bool) -> Any:
+def _finish(
+    state: runtime.Runtime,
+    manager: Any,
+    op: Any,
+    keys: Any,
+    objs: Any,
+    location: Any,
+    guard: bool,
+    link: Link | None = None,
+) -> Any:
     if op is None:
         return objs
     try:
-        return fetch.finish(state, manager, op, keys, objs, location, guard=guard)
+        return fetch.finish(state, manager, op, keys, objs, location, guard=guard, link=link)
     except Exception as exc:  # the hook's own failure must not become LMCache's
         runtime.failed("fetch", exc)
         return objs
@@ -137,9 +155,10 @@ def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, keys, location)
-        op = _start(state, self, Op.FETCH, keys, location)
+        link = LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH)
+        op = _start(state, self, Op.FETCH, keys, location, link)
         objs = _call(op, original, self, keys, location)
-        return _finish(state, self, op, keys, objs, location, state.options.guard)
+        return _finish(state, self, op, keys, objs, location, state.options.guard, link)
 
     return batched_get
 
@@ -149,9 +168,10 @@ def _get(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, key, location)
-        op = _start(state, self, Op.FETCH, [key], location)
+        link = LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH)
+        op = _start(state, self, Op.FETCH, [key], location, link)
         obj = _call(op, original, self, key, location)
-        return _finish(state, self, op, [key], [obj], location, state.options.guard)[0]
+        return _finish(state, self, op, [key], [obj], location, state.options.guard, link)[0]
 
     return get
 
@@ -161,7 +181,7 @@ def _get_non_blocking(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, key, location)
-        op = _start(state, self, Op.FETCH, [key], location)
+        op = _start(state, self, Op.FETCH, [key], location, LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH))
         future = _call(op, original, self, key, location)
         _observe(state, self, op, [key], future, location)
         return future
@@ -176,7 +196,7 @@ def _layerwise_batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         where = location or "LocalCPUBackend"
         for layer_keys, future in zip(keys, original(self, keys, location), strict=False):
             if state is not None:
-                op = _start(state, self, Op.FETCH, layer_keys, where)
+                op = _start(state, self, Op.FETCH, layer_keys, where, LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH))
                 _observe(state, self, op, layer_keys, future, where)
             yield future
 
@@ -203,7 +223,7 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, keys, search_range, pin)
-        op = _start(state, self, Op.LOOKUP, keys, None)
+        op = _start(state, self, Op.LOOKUP, keys, None, None)
         hit, mapping = _call(op, original, self, keys, search_range, pin)
         if op is not None:
             try:
@@ -259,6 +279,11 @@ def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
             return
         if state.hash_algo is None:
             state.hash_algo = _hash_algo_name(self)
+        if state.options.prevent:
+            try:
+                args, kwargs = prevent.tagged(self, args, kwargs)
+            except Exception as exc:  # the hook's own failure must not become LMCache's: keys stay untagged
+                runtime.failed("geometry tag", exc)
         for start, end, key in original(self, *args, **kwargs):
             state.remember_range(key, start, end)
             yield start, end, key

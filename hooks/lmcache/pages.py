@@ -45,11 +45,13 @@ def tier_of(name: str | None) -> str | None:
 
 
 def key_hex(key: CacheEngineKey) -> str:
-    """The chunk hash as unsigned hex: Python's builtin hash, LMCache's default, is signed."""
+    """The chunk hash as unsigned hex (Python's builtin hash, LMCache's default, is signed),
+    then the key's `lmcache.tag.*` entries as LMCache writes them (`@name%value`): keys
+    differing only there are different pages (the `prevent` tag, docs/design.md section 4.5).
+    """
     chunk_hash = key.chunk_hash
-    if isinstance(chunk_hash, bytes):
-        return chunk_hash.hex()
-    return f"{chunk_hash & 0xFFFFFFFFFFFFFFFF:016x}"
+    text = chunk_hash.hex() if isinstance(chunk_hash, bytes) else f"{chunk_hash & 0xFFFFFFFFFFFFFFFF:016x}"
+    return text + "".join(f"@{name}%{value}" for name, value in getattr(key, "tags", None) or ())
 
 
 def dtype_name(dtype: object) -> str:

@@ -20,6 +20,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.hooks.lmcache import runtime
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
+from kvaudit.hooks.lmcache.links import LINKS
 from kvaudit.hooks.lmcache.pages import backend_label, store_page
 
 if TYPE_CHECKING:
@@ -82,14 +83,18 @@ class KvauditStorePlugin(StoragePluginInterface):
             return
         emitter = state.emitter(self.config, self.metadata)
         last = state.range_of(keys[-1])
+        engine_request_id = runtime.REQUEST_ID.get()
+        link = LINKS.get(engine_request_id, Op.STORE)
         op = emitter.operation(
             Op.STORE,
             hook=Hook.LMCACHE_BACKEND,
-            request_id=runtime.REQUEST_ID.get(),
+            request_id=LINKS.request_id(engine_request_id, link),
             backend=self._targets,
             tokens_requested=last[1] if last else None,
+            parent=link.parent if link is not None else None,
         )
         rate, registry, stored = state.options.checksum_rate, state.registry, 0
+        pages = []
         for key, obj in zip(keys, objs, strict=False):
             token_range = state.range_of(key)
             page = store_page(
@@ -101,11 +106,14 @@ class KvauditStorePlugin(StoragePluginInterface):
                 payload_checksum(obj) if sampled(key, rate) else None,
             )
             op.add_page(page)
+            pages.append(page)
             if registry is not None:
                 registry.put(key, page)
             if token_range is not None:
                 stored += token_range[1] - token_range[0]
         op.end(Outcome.HIT, tokens_stored=stored or None)
+        if link is not None:
+            link.on_pages(pages)
 
     # The rest of the backend interface: a plugin that holds nothing.
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:

@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+
 from kvaudit.contract import KVConfig
 from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks.lmcache.registry import StoreRegistry
@@ -30,6 +32,7 @@ CFG_EXPORT: Final = "kvaudit.export"
 CFG_GUARD: Final = "kvaudit.guard"
 CFG_CHECKSUM_RATE: Final = "kvaudit.checksum_rate"
 CFG_REGISTRY: Final = "kvaudit.registry"
+CFG_PREVENT: Final = "kvaudit.prevent"
 
 # The request an engine call serves, set around LMCacheEngine's store/retrieve/lookup
 # so the storage-level hooks below them can name it.
@@ -47,6 +50,7 @@ class Options:
     guard: bool = False
     checksum_rate: float = 0.0
     registry: str | None = None
+    prevent: bool = False
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Options:
@@ -54,10 +58,15 @@ class Options:
         return cls(
             replica=extra.get(CFG_REPLICA),
             export=extra.get(CFG_EXPORT),
-            guard=str(extra.get(CFG_GUARD, "false")).lower() in ("1", "true", "yes"),
+            guard=_switch(extra.get(CFG_GUARD)),
             checksum_rate=float(extra.get(CFG_CHECKSUM_RATE, 0.0)),
             registry=extra.get(CFG_REGISTRY),
+            prevent=_switch(extra.get(CFG_PREVENT)),
         )
+
+
+def _switch(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes")
 
 
 class Runtime:
@@ -91,19 +100,7 @@ class Runtime:
 
     def kv_config(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> KVConfig:
         """The engine's own configuration, as its resource declares it and the guard checks it."""
-        layers, _, _, kv_heads, head_size = metadata.kv_shape
-        return KVConfig(
-            model=metadata.model_name,
-            dtype=str(metadata.kv_dtype).removeprefix("torch."),
-            layout=expected_format(config, metadata),
-            block_size=metadata.chunk_size,
-            world_size=metadata.world_size,
-            rank=metadata.worker_id,
-            hash_algo=self.hash_algo,
-            layers=layers,
-            kv_heads=kv_heads,
-            head_size=head_size,
-        )
+        return msgspec.structs.replace(geometry_config(config, metadata), hash_algo=self.hash_algo)
 
     def remember_range(self, key: CacheEngineKey, start: int, end: int) -> None:
         ranges = self._ranges
@@ -128,6 +125,22 @@ class Runtime:
             self._emitter.shutdown()
         else:
             self._emitter.flush()
+
+
+def geometry_config(config: LMCacheEngineConfig | None, metadata: LMCacheMetadata) -> KVConfig:
+    """The engine's configuration but the hash algorithm; the layout absent when `config` is unknown."""
+    layers, _, _, kv_heads, head_size = metadata.kv_shape
+    return KVConfig(
+        model=metadata.model_name,
+        dtype=str(metadata.kv_dtype).removeprefix("torch."),
+        layout=expected_format(config, metadata) if config is not None else None,
+        block_size=metadata.chunk_size,
+        world_size=metadata.world_size,
+        rank=metadata.worker_id,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_size=head_size,
+    )
 
 
 def expected_format(config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> str:

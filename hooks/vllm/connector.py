@@ -1,69 +1,82 @@
 """`KVAuditConnector`: a V1 KV connector that wraps another one and traces what it does.
 
-Every method of the V1 interface is delegated unchanged to the inner connector; the
-wrapper only observes. Scheduler side (EngineCore process): a `kvaudit.lookup` span
-per `get_num_new_matched_tokens`, and the request plans (page keys, block ids, request
-id, trace context) added to the connector metadata. Worker side (each Worker
-process): a `kvaudit.fetch` span per load and a `kvaudit.store` span per save, with
-one page descriptor per block. With `guard` on, fetched pages that fail the
-in-process checks are reported through `get_block_ids_with_load_errors()` so vLLM
-recomputes them (with `kv_load_failure_policy="recompute"`), and say `used=false`.
+How it is built, for those who build on it:
+
+- `forward_interface` (`delegation`) forwards every member of the running vLLM's
+  `KVConnectorBase_V1` that this class does not define to the wrapped connector
+  (`self._inner`): instance methods and properties to the instance, class-level hooks
+  to its class with the inner configuration, and `kv_cache_access` through vLLM's
+  factory (its `LMCacheMPConnector` special case). Nothing is forwarded by hand, so a
+  member a vLLM release adds is forwarded too; tests/test_vllm_versions.py checks each
+  member of each supported release.
+- The methods defined here are the ones the wrapper observes, each of which calls the
+  inner connector's own exactly once with the same arguments (the wrapper's metadata
+  replaced by the inner's) and returns its answer (`build_connector_meta` wraps it,
+  `get_block_ids_with_load_errors` adds the guard's rejected blocks):
+
+  Scheduler side (EngineCore process): a `kvaudit.lookup` span per
+  `get_num_new_matched_tokens`, naming the prompt's pages (docs/design.md section
+  3.5), and the request plans (page keys, block ids, request
+  id, trace context) added to the connector metadata (`build_connector_meta`).
+  Worker side (each Worker process): a `kvaudit.fetch` span per load and a
+  `kvaudit.store` span per save, with one page descriptor per block. With `guard` on,
+  fetched pages that fail the in-process checks are reported through
+  `get_block_ids_with_load_errors()` so vLLM recomputes them (with
+  `kv_load_failure_policy="recompute"`), and say `used=false`.
+- What depends on the vLLM release is read where it is used: the supported range in
+  `version`, the scheduler output in `plans.full_block_tables`.
+- What a fetched page is, is read from the inner connector's objects by `formats`.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    CopyBlocksOp,
     KVConnectorBase_V1,
-    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
-    KVConnectorWorkerMetadata,
     SupportsHMA,
     supports_hma,
 )
 
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Tier
 from kvaudit.emit.emitter import Emitter, Operation, setup_emitter
 from kvaudit.guard import violations
+from kvaudit.hooks.vllm import lmcache_layer
+from kvaudit.hooks.vllm.delegation import forward_interface, note_inner_class
 from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
-from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan, external_request_id, plan_for
-from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config, inner_vllm_config
+from kvaudit.hooks.vllm.plans import (
+    KVAuditMetadata,
+    RequestPlan,
+    block_keys,
+    external_request_id,
+    full_block_tables,
+    plan_for,
+)
+from kvaudit.hooks.vllm.settings import AuditSettings, inner_vllm_config
 from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
 from kvaudit.hooks.vllm.version import check_vllm_version
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.config.kv_transfer import KVTransferConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
-    from vllm.v1.core.block_pool import BlockPool
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.metrics.cache_hit_source import CacheHitSource
-    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-def _inner_class(kv_transfer_config: Any) -> type[KVConnectorBase_V1]:
-    settings = AuditSettings.from_extra_config(kv_transfer_config.kv_connector_extra_config)
-    return KVConnectorFactory.get_connector_class(inner_transfer_config(kv_transfer_config, settings))
 
 
 def _tp_rank(vllm_config: VllmConfig) -> int:
@@ -75,6 +88,26 @@ def _tp_rank(vllm_config: VllmConfig) -> int:
     return int(get_tensor_model_parallel_rank())
 
 
+def _role_mismatch(outer: KVTransferConfig, inner: KVTransferConfig) -> str | None:
+    """Why vLLM's reading of the wrapper's KV roles differs from the inner connector's, or None.
+
+    vLLM reads `is_kv_producer` / `is_kv_consumer` off the configuration it was given,
+    which names KVAuditConnector and so has one `kv_role`; since 0.34 a MultiConnector's
+    roles come from its children instead, which only the inner configuration shows.
+    """
+    roles = (outer.is_kv_producer, outer.is_kv_consumer)
+    inner_roles = (inner.is_kv_producer, inner.is_kv_consumer)
+    if roles == inner_roles:
+        return None
+    kv_role = {(True, True): "kv_both", (True, False): "kv_producer", (False, True): "kv_consumer"}.get(inner_roles)
+    return (
+        f"kvaudit: vLLM takes the KV roles from kv_role={outer.kv_role!r} (producer={roles[0]}, consumer={roles[1]}), "
+        f"while {inner.kv_connector}'s own configuration makes it producer={inner_roles[0]}, "
+        f"consumer={inner_roles[1]}; set kv_role={kv_role!r} next to kv_connector='{outer.kv_connector}'"
+    )
+
+
+@forward_interface(KVConnectorBase_V1)
 class KVAuditConnector(KVConnectorBase_V1):
     """Wraps the connector named in `kv_connector_extra_config["kvaudit"]["wrap"]`.
 
@@ -82,23 +115,26 @@ class KVAuditConnector(KVConnectorBase_V1):
     allocator: vLLM decides on HMA from the connector class before it exists.
     """
 
-    # The inner class of the last wrapper built in this process: class-level hooks
-    # that vLLM calls without a config (stats) delegate to it.
-    _last_inner_class: type[KVConnectorBase_V1] | None = None
+    UNFORWARDED: tuple[str, ...] = ()  # filled by forward_interface
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         refusal = check_vllm_version()
         if refusal is not None:
             raise RuntimeError(refusal)
-        super().__init__(vllm_config, role, kv_cache_config)
-        self._settings = AuditSettings.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
-        self._inner = KVConnectorFactory.create_connector(
-            inner_vllm_config(vllm_config, self._settings), role, kv_cache_config
-        )
-        type(self)._last_inner_class = type(self._inner)
+        assert vllm_config.kv_transfer_config is not None
+        self._settings = AuditSettings.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         worker = role == KVConnectorRole.WORKER
+        inner_config = lmcache_layer.inner_config(
+            inner_vllm_config(vllm_config, self._settings), self._settings, worker
+        )
+        # The inner connector first: the forwarders read it from the start.
+        self._inner = KVConnectorFactory.create_connector(inner_config, role, kv_cache_config)
+        note_inner_class(type(self._inner))
+        super().__init__(vllm_config, role, kv_cache_config)
         self._geometry: EngineGeometry = engine_geometry(vllm_config, _tp_rank(vllm_config) if worker else None)
-        self._format: InnerFormat = format_for(self._inner, self._geometry)
+        self._format: InnerFormat = lmcache_layer.format_for(self._inner, self._geometry) or format_for(
+            self._inner, self._geometry
+        )
         # What this replica reads a page as: the reference the guard compares fetched pages with.
         self._expected = PageDescriptor.from_config(
             self._geometry.kv_config(self._format.layout), shape=self._geometry.page_shape
@@ -122,110 +158,57 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._observation_failed = False
-        if self._settings.guard and not worker and self._kv_transfer_config.kv_load_failure_policy == "fail":
+        if not worker:
+            self._check_configuration(inner_config.kv_transfer_config)
+
+    def _check_configuration(self, inner: KVTransferConfig) -> None:
+        """Log, once per engine, settings that make the wrapped engine behave otherwise than intended."""
+        outer = self._kv_transfer_config
+        if self._settings.guard and outer.kv_load_failure_policy == "fail":
             logger.warning(
                 "kvaudit guard is on but kv_load_failure_policy='fail': a rejected page fails its "
                 "request instead of being recomputed; set kv_load_failure_policy='recompute'"
             )
-
-    # ---- properties and class-level hooks ----
-
-    @property
-    def supports_divergent_local_hybrid_hits(self) -> bool:
-        return self._inner.supports_divergent_local_hybrid_hits
-
-    @property
-    def requires_kv_delivery(self) -> bool:
-        return self._inner.requires_kv_delivery
-
-    @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        return _inner_class(vllm_config.kv_transfer_config).get_required_kvcache_layout(vllm_config)
-
-    @classmethod
-    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        settings = AuditSettings.from_extra_config(extra_config)
-        from vllm.config.kv_transfer import KVTransferConfig
-
-        config = KVTransferConfig(
-            kv_connector=settings.wrap,
-            kv_connector_module_path=settings.wrap_module_path,
-            kv_connector_extra_config=extra_config,
-        )
-        return KVConnectorFactory.get_connector_class(config).requires_piecewise_for_cudagraph(extra_config)
-
-    @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
-        inner_class = cls._last_inner_class or cls._inner_class_of_current_config()
-        return inner_class.build_kv_connector_stats(data) if inner_class is not None else None
-
-    @classmethod
-    def build_prom_metrics(cls, vllm_config: VllmConfig, *args: Any, **kwargs: Any) -> Any:
-        return _inner_class(vllm_config.kv_transfer_config).build_prom_metrics(vllm_config, *args, **kwargs)
-
-    @staticmethod
-    def _inner_class_of_current_config() -> type[KVConnectorBase_V1] | None:
-        from vllm.config import get_current_vllm_config_or_none
-
-        config = get_current_vllm_config_or_none()
-        if config is None or config.kv_transfer_config is None:
-            return None
-        return _inner_class(config.kv_transfer_config)
+        mismatch = _role_mismatch(outer, inner)
+        if mismatch is not None:
+            logger.warning(mismatch)
 
     # ---- worker side ----
 
-    def get_mem_pool_context(self) -> AbstractContextManager | None:
-        return self._inner.get_mem_pool_context()
-
-    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> Any:
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, KVAuditMetadata):
             self._units = self._observed(self._format.units, connector_metadata.inner, connector_metadata.plans) or []
-            self._inner.bind_connector_metadata(connector_metadata.inner)
-        else:
-            self._units = []
-            self._inner.bind_connector_metadata(connector_metadata)
+            return self._inner.bind_connector_metadata(connector_metadata.inner)
+        self._units = []
+        return self._inner.bind_connector_metadata(connector_metadata)
 
-    def clear_connector_metadata(self) -> None:
+    def clear_connector_metadata(self) -> Any:
         super().clear_connector_metadata()
         self._units = []
-        self._inner.clear_connector_metadata()
+        return self._inner.clear_connector_metadata()
 
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> Any:
         self._kv_caches = kv_caches
-        self._inner.register_kv_caches(kv_caches)
+        return self._inner.register_kv_caches(kv_caches)
 
-    def set_host_xfer_buffer_ops(self, copy_operation: CopyBlocksOp) -> None:
-        self._inner.set_host_xfer_buffer_ops(copy_operation)
-
-    def finish_forward(self) -> None:
-        self._inner.finish_forward()
-
-    def reset_capture_state(self) -> None:
-        self._inner.reset_capture_state()
-
-    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
-        if isinstance(kv_connector_metadata, KVAuditMetadata):
-            kv_connector_metadata = kv_connector_metadata.inner
-        self._inner.handle_preemptions(kv_connector_metadata)
-
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> Any:
         loads = [unit for unit in self._units if not unit.is_store]
         if not loads:
-            self._inner.start_load_kv(forward_context, **kwargs)
-            return
+            return self._inner.start_load_kv(forward_context, **kwargs)
         fetches = [self._operation(Op.FETCH, unit) for unit in loads]
         # Described before the load: the guard decides on what the objects say, not on
         # what the inner connector did with them.
         described = [self._describe_fetch(unit) for unit in loads]
         try:
-            self._inner.start_load_kv(forward_context, **kwargs)
+            answer = self._inner.start_load_kv(forward_context, **kwargs)
         except BaseException:
             for fetch in fetches:
                 fetch.end(Outcome.ERROR)
             raise
         for unit, fetch, pages in zip(loads, fetches, described):
             self._finish_fetch(unit, fetch, pages)
+        return answer
 
     def _describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
         """The unit's pages as its objects describe them; when they cannot be read, only
@@ -250,7 +233,12 @@ class KVAuditConnector(KVConnectorBase_V1):
         first_rejected: int | None = None
         for index, page in enumerate(pages):
             apply_stamp(page, stamp)
-            if self._settings.guard and first_rejected is None and violations(page, self._expected):
+            if first_rejected is None and (
+                # A page a layer below served (LMCache) carries that layer's verdict on it.
+                not page.used
+                if page.source_key is not None
+                else self._settings.guard and bool(violations(page, self._expected))
+            ):
                 first_rejected = index
         block_size = self._geometry.block_size
         for index, page in enumerate(pages):
@@ -268,19 +256,16 @@ class KVAuditConnector(KVConnectorBase_V1):
             outcome = Outcome.HIT if used_tokens >= unit.num_tokens else Outcome.PARTIAL
         fetch.end(outcome, tokens_hit=used_tokens)
 
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        self._inner.wait_for_layer_load(layer_name)
-
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
-    ) -> None:
+    ) -> Any:
         self._open_stores()
-        self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        return self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
 
-    def wait_for_save(self) -> None:
+    def wait_for_save(self) -> Any:
         self._open_stores()
         try:
-            self._inner.wait_for_save()
+            answer = self._inner.wait_for_save()
         except BaseException:
             for store in self._stores.values():
                 store.end(Outcome.ERROR)
@@ -296,6 +281,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             if self._settings.stamp_dir is not None:
                 self._stamp([page.key for page in pages if page.key])
             store.end(tokens_stored=unit.num_tokens)
+        return answer
 
     def _open_stores(self) -> None:
         """Start a store span for each store unit of the step, at its first save."""
@@ -311,7 +297,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 
     def _operation(self, op: Op, unit: Unit) -> Operation:
-        return self._emitter.operation(
+        operation = self._emitter.operation(
             op,
             hook=Hook.VLLM_CONNECTOR,
             request_id=unit.plan.request_id,
@@ -319,12 +305,8 @@ class KVAuditConnector(KVConnectorBase_V1):
             tokens_requested=unit.num_tokens,
             parent=unit.plan.parent_context(),
         )
-
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._inner.get_finished(finished_req_ids)
-
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        return self._inner.get_transfer_results(finished_req_ids)
+        lmcache_layer.join(unit, operation)
+        return operation
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors = self._inner.get_block_ids_with_load_errors()
@@ -333,46 +315,13 @@ class KVAuditConnector(KVConnectorBase_V1):
         rejected, self._load_errors = self._load_errors, set()
         return set(errors) | rejected
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> Any:
         try:
-            self._inner.shutdown()
+            return self._inner.shutdown()
         finally:
             self._emitter.shutdown()
 
-    def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        return self._inner.get_kv_connector_stats()
-
-    def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
-        return self._inner.get_kv_connector_kv_cache_events()
-
-    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
-        return self._inner.get_handshake_metadata()
-
-    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        return self._inner.build_connector_worker_meta()
-
-    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
-        self._inner.set_xfer_handshake_metadata(metadata)
-
-    def set_xfer_handshake_metadata_pp_aware(
-        self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
-    ) -> None:
-        self._inner.set_xfer_handshake_metadata_pp_aware(metadata)
-
-    def get_finished_count(self) -> int | None:
-        return self._inner.get_finished_count()
-
     # ---- scheduler side ----
-
-    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
-        self._kv_cache_manager = kv_cache_manager
-        self._inner.bind_kv_cache_manager(kv_cache_manager)
-
-    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
-        self._inner.bind_gpu_block_pool(gpu_block_pool)
-
-    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
-        return self._inner.get_loaded_kv_cache_group_ids(request)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         lookup = self._emitter.operation(
@@ -400,16 +349,31 @@ class KVAuditConnector(KVConnectorBase_V1):
             outcome = Outcome.HIT
         else:
             outcome = Outcome.PARTIAL
+        for page in self._observed(self._prompt_pages, request, reachable, num_computed_tokens) or ():
+            lookup.add_page(page)
         lookup.end(outcome, tokens_hit=matched, tokens_local=num_computed_tokens, pages=matched // block_size, bytes=0)
         return matched, load_async
 
-    def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
-        return self._inner.get_external_cache_hit_sources(request, num_external_tokens)
+    def _prompt_pages(self, request: Request, reachable: int, local_tokens: int) -> list[PageDescriptor]:
+        """The prompt's blocks vLLM could reuse, as a lookup names them (docs/design.md section 3.5):
+        key, hash algorithm and tokens; `tier=gpu` for those already in its prefix cache."""
+        size, algo = self._geometry.block_size, self._geometry.hash_algo
+        return [
+            PageDescriptor(
+                key=key,
+                hash_algo=algo,
+                token_start=index * size,
+                token_end=(index + 1) * size,
+                tier=Tier.GPU.value if (index + 1) * size <= local_tokens else None,
+            )
+            for index, key in enumerate(block_keys(request)[: reachable // size])
+        ]
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> Any:
+        answer = self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
         if num_external_tokens > 0:
             self._loads[request.request_id] = num_external_tokens
+        return answer
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         inner_meta = self._inner.build_connector_meta(scheduler_output)
@@ -417,27 +381,15 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def _plans(self, scheduler_output: SchedulerOutput) -> list[RequestPlan]:
         plans = []
-        for new_request in scheduler_output.scheduled_new_reqs:
-            request = self._requests.get(new_request.req_id)
-            if request is not None and new_request.block_ids:
-                plans.append(self._plan(request, list(new_request.block_ids[0])))
-        cached = scheduler_output.scheduled_cached_reqs
-        for index, req_id in enumerate(cached.req_ids):
+        for req_id, block_ids in full_block_tables(scheduler_output):
             request = self._requests.get(req_id)
-            new_block_ids = cached.new_block_ids[index]
-            if request is not None and req_id in cached.resumed_req_ids and new_block_ids:
-                plans.append(self._plan(request, list(new_block_ids[0])))
+            if request is not None:
+                plans.append(self._plan(request, block_ids))
         return plans
 
     def _plan(self, request: Request, block_ids: list[int]) -> RequestPlan:
         req_id = request.request_id
         return plan_for(request, block_ids, self._loads.pop(req_id, 0), self._local_tokens.get(req_id, 0))
-
-    def on_new_request(self, request: Request) -> None:
-        self._inner.on_new_request(request)
-
-    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self._inner.update_connector_output(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._forget(request.request_id)
@@ -448,24 +400,8 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._local_tokens.pop(req_id, None)
         self._loads.pop(req_id, None)
 
-    def register_finished_partial_tail(
-        self, request: Request, block_ids: tuple[list[int], ...], partial_tail_offloads: list[tuple[int, int, int]]
-    ) -> bool:
-        return self._inner.register_finished_partial_tail(request, block_ids, partial_tail_offloads)
 
-    def take_events(self) -> Iterable[KVCacheEvent]:
-        return self._inner.take_events()
-
-    def has_pending_block_frees(self) -> bool:
-        return self._inner.has_pending_block_frees()
-
-    def has_pending_push_work(self) -> bool:
-        return self._inner.has_pending_push_work()
-
-    def reset_cache(self) -> bool | None:
-        return self._inner.reset_cache()
-
-
+@forward_interface(SupportsHMA)
 class KVAuditHMAConnector(KVAuditConnector, SupportsHMA):
     """`KVAuditConnector` for inner connectors that support the hybrid memory allocator."""
 

@@ -9,14 +9,17 @@ metadata, next to the inner connector's own metadata.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
 # vLLM appends "-" and 8 random characters to the id a client gave (InputProcessor.
@@ -80,13 +83,36 @@ def trace_parent(request: Request) -> tuple[int, int] | None:
     return (span_context.trace_id, span_context.span_id) if span_context.is_valid else None
 
 
+def block_keys(request: Request) -> list[str]:
+    """The page keys of the request's full blocks, in token order: vLLM's block hashes in hex."""
+    return [bytes(block_hash).hex() for block_hash in request.block_hashes]
+
+
 def plan_for(request: Request, block_ids: list[int], load_tokens: int, local_tokens: int) -> RequestPlan:
     return RequestPlan(
         req_id=request.request_id,
         request_id=external_request_id(request.request_id),
-        keys=[bytes(block_hash).hex() for block_hash in request.block_hashes],
+        keys=block_keys(request),
         block_ids=list(block_ids),
         load_tokens=load_tokens,
         local_tokens=local_tokens,
         trace_parent=trace_parent(request),
     )
+
+
+def full_block_tables(scheduler_output: SchedulerOutput) -> Iterator[tuple[str, list[int]]]:
+    """(request id, block ids of the first KV cache group) of each request whose whole
+    block table this step carries: new requests and requests resumed after preemption.
+
+    Read through vLLM's own `yield_req_data`, as in-tree connectors do: where resumed
+    requests travel changed (0.32 and 0.33: the cached requests, marked in
+    `resumed_req_ids`; 0.34: the new requests, and `resumed_req_ids` is gone), and so did
+    the meaning of its third value: "resumed from preemption" in 0.32 (False for new
+    requests), "is the whole block table" since 0.33 (True for new requests). On every
+    supported release a request carries its whole table when it is new or that value is
+    set.
+    """
+    new = {request.req_id for request in scheduler_output.scheduled_new_reqs}
+    for req_id, block_id_groups, resumed_or_whole_table in yield_req_data(scheduler_output):
+        if block_id_groups and (resumed_or_whole_table or req_id in new):
+            yield req_id, list(block_id_groups[0])

@@ -28,9 +28,11 @@ from typing import Final
 from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.evaluate import EvaluationError, Sample, evaluate_rule
 from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
+from kvaudit.alerts.labels import ALERTNAME
 from kvaudit.alerts.rule_health import RULE_FAILING, Health, RuleHealth, failing_samples
-from kvaudit.alerts.rules import ALERTNAME, HEALTH_GROUP, Group, Rule
+from kvaudit.alerts.rules import HEALTH_GROUP, Group, Rule
 from kvaudit.alerts.state_file import load_state, save_state
+from kvaudit.analyse.audit import Finding
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend, BackendError, Source, as_backend
 
@@ -94,19 +96,22 @@ class RuleEngine:
         """(group, alert) -> the error of each rule whose last evaluation failed."""
         return {key: h.last_error for key, h in self.health.items() if h.health is Health.ERR}
 
-    def evaluate(self, source: Source) -> list[AlertInstance]:
+    def evaluate(self, source: Source, *, findings: Sequence[Finding] | None = None) -> list[AlertInstance]:
         """Evaluate the groups that are due, advance the state machine, save the state.
 
         A rule whose evaluation fails keeps its alerts as they were (its error is in
         `health` and `errors`, and it fires `KVAuditRuleFailing`): a broken query must
         not resolve what it cannot see.
+
+        Args:
+            findings: the auditor's findings over `source`, when the caller has them
+                already; None audits (only when a group is due).
         """
         now = self.clock()
         backend = as_backend(source)
-        views_error = self._prepare(backend)
-        for group in self.groups:
-            if now < self._next_due.get(group.name, now):
-                continue
+        due = [group for group in self.groups if now >= self._next_due.get(group.name, now)]
+        views_error = self._prepare(backend, findings) if due else None
+        for group in due:
             self._next_due[group.name] = now + (group.interval_s or 0.0)
             bounds = Bounds(self.bounds.timeout_s, group.limit or self.bounds.limit)
             for rule in group.rules:
@@ -118,10 +123,10 @@ class RuleEngine:
         self.save()
         return self.alerts
 
-    def _prepare(self, backend: Backend) -> str | None:
+    def _prepare(self, backend: Backend, findings: Sequence[Finding] | None) -> str | None:
         """Refresh the views rules read (`findings`, `query_*`); what went wrong, if it did."""
         try:
-            prepare(backend, skew_s=self.skew_s)
+            prepare(backend, skew_s=self.skew_s, findings=findings)
         except BackendError as exc:
             return f"the views rules read could not be made: {exc}"
         except Exception as exc:  # the auditor's own failure must not stop alerting: every rule reports it

@@ -21,7 +21,8 @@ from typing import Any, Final
 import pyarrow as pa
 
 from kvaudit.alerts.bounds import Bounds
-from kvaudit.alerts.rules import ALERTNAME, NAME, Rule
+from kvaudit.alerts.labels import ALERTNAME, NAME
+from kvaudit.alerts.rules import Rule
 from kvaudit.backends import Backend
 
 VALUE: Final = "value"

@@ -15,8 +15,8 @@ from typing import Final, Protocol, TextIO
 
 from kvaudit.alerts.http import DeliveryError, HttpPoster
 from kvaudit.alerts.instances import AlertInstance
-from kvaudit.alerts.payloads import api_alert, webhook_alert, webhook_payloads
-from kvaudit.alerts.rules import ALERTNAME
+from kvaudit.alerts.labels import ALERTNAME
+from kvaudit.alerts.payloads import DEFAULT_GROUP_BY, GroupBy, api_alert, webhook_alert, webhook_payloads
 from kvaudit.alerts.templates import format_value
 from kvaudit.safe_text import visible
 
@@ -85,11 +85,16 @@ class JsonLinesNotifier:
 
 @dataclass
 class WebhookNotifier:
-    """Alertmanager's webhook payload (version 4) to any URL, one POST per alert name."""
+    """Alertmanager's webhook payload (version 4) to any URL, one POST per group of `group_by`.
+
+    `external_url` is the payload's `externalURL`: where a person reading the notification
+    goes for more (Alertmanager links back to itself; kvaudit has no UI of its own to link).
+    """
 
     url: str
     http: HttpPoster = field(default_factory=HttpPoster)
     external_url: str = ""
+    group_by: GroupBy = DEFAULT_GROUP_BY
     name: str = ""
     resend_s: float | None = None
 
@@ -97,7 +102,7 @@ class WebhookNotifier:
         self.name = self.name or f"webhook:{self.url}"
 
     def send(self, alerts: Sequence[AlertInstance], now: float) -> None:
-        for payload in webhook_payloads(alerts, RECEIVER, self.external_url):
+        for payload in webhook_payloads(alerts, RECEIVER, self.external_url, self.group_by):
             self.http.post(self.url, payload)
 
 
@@ -120,8 +125,11 @@ class AlertmanagerNotifier:
         self.http.post(self.url, [api_alert(a, lease) for a in alerts])
 
 
-def parse_notifier(spec: str, http: HttpPoster) -> Notifier:
-    """`stdout`, `file:PATH`, `webhook:URL` or `alertmanager:URL`.
+def parse_notifier(
+    spec: str, http: HttpPoster, *, external_url: str = "", group_by: GroupBy = DEFAULT_GROUP_BY
+) -> Notifier:
+    """`stdout`, `file:PATH`, `webhook:URL` or `alertmanager:URL`; a webhook's payloads carry
+    `external_url` and group alerts by `group_by`.
 
     Raises:
         ValueError: an unknown kind.
@@ -132,7 +140,7 @@ def parse_notifier(spec: str, http: HttpPoster) -> Notifier:
     if kind == "file" and target:
         return JsonLinesNotifier(Path(target))
     if kind == "webhook" and target:
-        return WebhookNotifier(target, http)
+        return WebhookNotifier(target, http, external_url, group_by)
     if kind == "alertmanager" and target:
         return AlertmanagerNotifier(target, http)
     raise ValueError(f"bad notifier {spec!r}: expected stdout, file:PATH, webhook:URL or alertmanager:URL")

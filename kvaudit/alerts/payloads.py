@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from kvaudit.alerts.instances import AlertInstance, AlertState
-from kvaudit.alerts.rules import ALERTNAME
+from kvaudit.alerts.labels import ALERTNAME
 from kvaudit.alerts.templates import format_value
 
 # What Alertmanager's webhook puts in endsAt while an alert still fires (Go's zero time).
@@ -58,22 +58,30 @@ def _ended_at(alert: AlertInstance) -> float | None:
     return alert.resolved_at if alert.state is AlertState.RESOLVED else None
 
 
-def webhook_payloads(alerts: Sequence[AlertInstance], receiver: str, external_url: str) -> list[dict[str, Any]]:
-    """Webhook payloads (version 4), one per alert name, as an Alertmanager grouping by alertname sends."""
-    by_name: dict[str, list[AlertInstance]] = {}
+# A webhook groups alerts by these labels, as an Alertmanager route's `group_by`; None is
+# Alertmanager's `...` (every label: one group per alert).
+GroupBy = tuple[str, ...] | None
+DEFAULT_GROUP_BY: Final = (ALERTNAME,)
+
+
+def webhook_payloads(
+    alerts: Sequence[AlertInstance], receiver: str, external_url: str, group_by: GroupBy = DEFAULT_GROUP_BY
+) -> list[dict[str, Any]]:
+    """Webhook payloads (version 4), one per group, as an Alertmanager route with `group_by` sends."""
+    groups: dict[tuple[tuple[str, str], ...], list[AlertInstance]] = {}
     for alert in alerts:
-        by_name.setdefault(alert.alertname, []).append(alert)
+        groups.setdefault(_group_labels(alert.labels, group_by), []).append(alert)
     payloads = []
-    for name, group in sorted(by_name.items()):
+    for labels, group in sorted(groups.items()):
         bodies = [webhook_alert(a) for a in group]
         payloads.append(
             {
                 "version": "4",
-                "groupKey": f'{{}}:{{{ALERTNAME}="{name}"}}',
+                "groupKey": f"{{}}:{label_set_string(dict(labels))}",
                 "truncatedAlerts": 0,
                 "status": "firing" if any(b["status"] == "firing" for b in bodies) else "resolved",
                 "receiver": receiver,
-                "groupLabels": {ALERTNAME: name},
+                "groupLabels": dict(labels),
                 "commonLabels": _common([a.labels for a in group]),
                 "commonAnnotations": _common([a.annotations for a in group]),
                 "externalURL": external_url,
@@ -81,6 +89,49 @@ def webhook_payloads(alerts: Sequence[AlertInstance], receiver: str, external_ur
             }
         )
     return payloads
+
+
+def _group_labels(labels: dict[str, str], group_by: GroupBy) -> tuple[tuple[str, str], ...]:
+    """The alert's values of the grouping labels; a label the alert lacks is left out, as Alertmanager does."""
+    names = labels if group_by is None else group_by
+    return tuple(sorted((name, labels[name]) for name in names if name in labels))
+
+
+def label_set_string(labels: dict[str, str]) -> str:
+    """A label set as Alertmanager writes it in a group key (`model.LabelSet.String`): `{a="1", b="2"}`."""
+    return "{" + ", ".join(f"{name}={_go_quote(labels[name])}" for name in sorted(labels)) + "}"
+
+
+_NAMED_ESCAPES: Final = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    "\\": "\\\\",
+    '"': '\\"',
+}
+
+
+def _go_quote(value: str) -> str:
+    """`value` in double quotes with Go's `strconv.Quote` escapes."""
+    out = ['"']
+    for char in value:
+        code = ord(char)
+        if char in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
 
 
 def _common(mappings: list[dict[str, str]]) -> dict[str, str]:

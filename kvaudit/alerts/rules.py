@@ -29,11 +29,10 @@ from typing import Final
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from kvaudit.alerts.labels import ALERTNAME, NAME
 from kvaudit.alerts.templates import Template, parse_template
 from kvaudit.durations import parse_duration
 
-NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ALERTNAME: Final = "alertname"
 # The group of kvaudit's own rule health alerts (`rule_health`): no rule file may use it.
 HEALTH_GROUP: Final = "kvaudit-rule-health"
 _FILE_KEYS: Final = frozenset({"groups"})

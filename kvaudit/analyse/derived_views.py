@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Final
 
 import pyarrow as pa
@@ -50,11 +51,13 @@ def view_name(query: str) -> str:
     return PREFIX + query.replace("/", "_")
 
 
-def prepare(backend: Backend, *, skew_s: float = 1.0) -> None:
+def prepare(backend: Backend, *, skew_s: float = 1.0, findings: Sequence[Finding] | None = None) -> None:
     """Create (or refresh) the `findings` view and the named query views on the backend.
 
     Args:
         skew_s: clock skew the auditor allows between replicas.
+        findings: the auditor's findings over these traces when the caller has them
+            already (the TUI audits for its own panels); None runs the auditor.
     """
     for name in named_queries():
         if name.startswith(_NOT_VIEWS):
@@ -63,6 +66,8 @@ def prepare(backend: Backend, *, skew_s: float = 1.0) -> None:
             backend.temp_view(view_name(name), load(name).strip().rstrip(";"))
         except BackendError as exc:
             logger.debug("named query %s is not usable as view %s: %s", name, view_name(name), exc)
-    findings = [vars(finding) for finding in run_audit(backend, skew_s=skew_s)]
-    backend.temp_table("kvaudit_findings", pa.Table.from_pylist(findings, schema=_FINDINGS))
+    if findings is None:
+        findings = run_audit(backend, skew_s=skew_s)
+    rows = [vars(finding) for finding in findings]
+    backend.temp_table("kvaudit_findings", pa.Table.from_pylist(rows, schema=_FINDINGS))
     backend.temp_view("findings", _FINDINGS_VIEW)

@@ -3,10 +3,15 @@
 Queries take their parameters as DuckDB variables (`getvariable('kvaudit_...')` with a
 default), so the same file runs from the `duckdb` shell after `SET VARIABLE`, from
 `kvaudit sql -f`, and from here, on DuckDB or translated for ClickHouse.
+
+A query may build on another rather than repeat it: a header line `-- Includes: NAME AS
+cte` makes the named query NAME a CTE of that name in front of it (`reuse_left` sums up
+the pages of `explain` so). `load` returns the query with its includes in place.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,12 +39,25 @@ def query_path(name: str) -> Traversable:
 
 
 def load(name: str) -> str:
-    return query_path(name).read_text()
+    """The SQL of a named query, with the queries it includes as CTEs in front of it."""
+    text = query_path(name).read_text()
+    includes = _INCLUDE.findall(text)
+    if not includes:
+        return text
+    ctes = ",\n".join(f"{alias} AS (\n{load(included).strip().rstrip(';')}\n)" for included, alias in includes)
+    lines = text.strip().rstrip(";").splitlines()
+    header = list(itertools.takewhile(lambda line: line.startswith("--") or not line.strip(), lines))
+    body = "\n".join(lines[len(header) :])
+    # The query's own WITH continues the list of CTEs.
+    if body[:5].upper() == "WITH ":
+        return "\n".join([*header, f"WITH {ctes},", body[5:]])
+    return "\n".join([*header, f"WITH {ctes}", body])
 
 
 # Folders whose queries are parts of something else (the auditor's rules, the TUI's panels),
 # not questions a user asks.
 PARTS: Final = ("audit/", "tui/")
+_INCLUDE: Final = re.compile(r"^-- Includes: ([\w/]+) AS (\w+)$", re.MULTILINE)
 _VARIABLE: Final = re.compile(r"getvariable\('(kvaudit_\w+)'\)(?:\s*,\s*([^)]+)\))?")
 
 

@@ -154,6 +154,11 @@ class Backend(ABC):
         """The same data for use by another thread (which may query while this one refreshes)."""
 
     @abstractmethod
+    def interrupt(self) -> None:
+        """Stop the query running on this backend now, called from another thread; the query
+        then fails with an error. Where the backend cannot, nothing: its queries end by themselves."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release the connection; the backend is unusable afterwards."""
 

@@ -272,6 +272,9 @@ class ClickHouseBackend(Backend):
                 self.connection.insert(_identifier(name), table)
             self._columns[name] = table.column_names
 
+    def interrupt(self) -> None:
+        """Nothing: a query runs to its end (an alert rule's to its time limit, `max_execution_time`)."""
+
     def close(self) -> None:
         self.connection.close()
 

@@ -104,6 +104,9 @@ class DuckDBBackend(Backend):
             finally:
                 con.unregister("_kvaudit_rows")
 
+    def interrupt(self) -> None:
+        self.store.con.interrupt()
+
     def close(self) -> None:
         self.store.close()
 

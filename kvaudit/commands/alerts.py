@@ -3,6 +3,7 @@
 kvaudit alerts check rules.yaml
 kvaudit alerts eval traces/                      # the default rule pack
 kvaudit alerts watch traces/ --rules rules.yaml --interval 15s --notify alertmanager:http://am:9093
+kvaudit alerts watch traces/ --notify webhook:http://hooks/kv --group-by alertname,replica --external-url http://grafana/d/kv
 
 Exit status (docs/operations.md): 0; 1 alerts at the `--fail-on` state (eval: firing, by
 default), or problems in `check`; 2 bad input (a rule file that does not load); 4 a rule
@@ -16,9 +17,12 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
 
 from kvaudit.alerts.bounds import DEFAULT_LIMIT, DEFAULT_TIMEOUT_S, Bounds
 from kvaudit.alerts.instances import AlertInstance, AlertState
+from kvaudit.alerts.labels import NAME
+from kvaudit.alerts.payloads import DEFAULT_GROUP_BY, GroupBy
 from kvaudit.alerts.state_file import default_state_path
 from kvaudit.commands.arguments import (
     UsageError,
@@ -79,6 +83,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="stdout, file:PATH, webhook:URL or alertmanager:URL; repeatable (default: stdout)",
     )
+    watch.add_argument(
+        "--group-by",
+        type=group_by,
+        default=DEFAULT_GROUP_BY,
+        metavar="LABELS",
+        help="webhooks: one notification per group of these labels, comma-separated, as Alertmanager's"
+        " group_by; `...` for every label (default alertname)",
+    )
+    watch.add_argument(
+        "--external-url",
+        type=external_url,
+        metavar="URL",
+        help="webhooks: the payload's externalURL, where a reader goes for more (a dashboard, the report)",
+    )
     watch.add_argument("--timeout", type=duration, default=5.0, help="per HTTP attempt (default 5s)")
     watch.add_argument("--retries", type=int, default=3, help="HTTP retries after the first attempt (default 3)")
     watch.add_argument(
@@ -125,6 +143,25 @@ def _add_common(parser: argparse.ArgumentParser, *, fail_on: str) -> None:
         default=fail_on,
         help=f"exit 1 when any alert is in this state: firing, pending (or firing), never (default {fail_on})",
     )
+
+
+def group_by(text: str) -> GroupBy:
+    """`--group-by`: label names separated by commas, or `...` for every label."""
+    if text.strip() == "...":
+        return None
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    bad = [name for name in names if not NAME.fullmatch(name)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"not a label name: {', '.join(map(repr, bad))}")
+    return names
+
+
+def external_url(text: str) -> str:
+    """`--external-url`: an absolute http(s) URL, as Alertmanager's own `--web.external-url`."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute http:// or https:// URL")
+    return text
 
 
 def _groups(rules: Sequence[str] | None) -> list[Group]:
@@ -188,8 +225,8 @@ def _outcome(engine: RuleEngine, alerts: Sequence[AlertInstance], fail_on: str, 
 
 
 def _row(alert: AlertInstance) -> tuple[object, ...]:
+    from kvaudit.alerts.labels import ALERTNAME
     from kvaudit.alerts.payloads import rfc3339
-    from kvaudit.alerts.rules import ALERTNAME
     from kvaudit.alerts.templates import format_value
 
     labels = ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in (ALERTNAME, "severity"))
@@ -208,7 +245,10 @@ def run_watch(args: argparse.Namespace) -> int:
     if interval <= 0:
         raise UsageError("--interval must be longer than 0s")
     http = HttpPoster(timeout_s=args.timeout, retries=args.retries)
-    notifiers = [parse_notifier(spec, http) for spec in args.notify or ["stdout"]]
+    notifiers = [
+        parse_notifier(spec, http, external_url=args.external_url or "", group_by=args.group_by)
+        for spec in args.notify or ["stdout"]
+    ]
     engine = RuleEngine(
         _groups(args.rules), state_path=args.state or default_state_path(), skew_s=args.skew, bounds=_bounds(args)
     )

@@ -1,4 +1,10 @@
-"""`kvaudit simulate`: a fleet of replicas sharing a KV pool, traced through the real emitter."""
+"""`kvaudit simulate`: a fleet of replicas sharing a KV pool, traced through the real emitter.
+
+Each cause of docs/design.md section 7 can be made to happen: eviction pressure with a
+small `--pool-gib`, routing that splits sessions with `--router round-robin` or `random`
+beside `--local-gib` or `--private-pools`, a late store with `--fault late-store:S`, the
+guard with `--guard` and a fault (`raw-ptr`, `rolling-upgrade`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, SimConfig, SimResult, simulate
+from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, PAGE_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import parse_faults
 from kvaudit.simulator.hardware import GPUS, PRECISIONS, load_gpu
 from kvaudit.simulator.model import PRESETS, CostModel, load_model
@@ -26,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_arguments(parser)
     parser.add_argument(
-        "--out", default="sim-out", help="directory for traces/r1.jsonl, traces/r2.jsonl, ... and ground_truth.jsonl"
+        "--out",
+        default="sim-out",
+        help="directory for traces/r1.jsonl, traces/r2.jsonl, ..., ground_truth.jsonl and page_truth.jsonl",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only where the files went")
     parser.set_defaults(run=run)
@@ -46,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pool-gib", type=float, default=defaults.pool_bytes / GIB, help="shared pool capacity; default: %(default)s"
     )
     parser.add_argument("--local-gib", type=float, default=0.0, help="per-replica local tier (0: none)")
+    parser.add_argument(
+        "--private-pools",
+        action="store_true",
+        help="no sharing: each replica its own pool of an equal share of --pool-gib",
+    )
     parser.add_argument("--router", choices=list(ROUTERS), default=defaults.router, help="default: %(default)s")
     parser.add_argument(
         "--workload",
@@ -90,9 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KIND:VALUE",
-        help="raw-ptr:SHARE (fetched pages served without portable metadata) or rolling-upgrade:SECONDS",
+        help="raw-ptr:SHARE (fetched pages served without portable metadata), rolling-upgrade:SECONDS, or"
+        " late-store:SECONDS (pages reach the tiers that long after their prefill)",
     )
     parser.add_argument("--guard", action="store_true", help="reject bad pages (they are recomputed)")
+    parser.add_argument(
+        "--prevent", action="store_true", help="each replica's geometry fingerprint in its page keys (no foreign hits)"
+    )
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
@@ -102,6 +119,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
             model=load_model(args.model),
             page_tokens=args.page_tokens,
             pool_bytes=int(args.pool_gib * GIB),
+            shared=not args.private_pools,
             local_bytes=int(args.local_gib * GIB),
             router=args.router,
             mix=parse_mix(args.workload),
@@ -117,7 +135,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
                 pool_bytes_per_s=args.pool_gbps * 1e9,
                 local_bytes_per_s=args.local_gbps * 1e9 if args.local_gbps else None,
             ),
-            faults=parse_faults(args.fault, guard=args.guard),
+            faults=parse_faults(args.fault, guard=args.guard, prevent=args.prevent),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -130,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(config, out)
     if not args.quiet:
         print_summary(result, time.perf_counter() - started)
-    print(f"Traces: {', '.join(str(f) for f in result.files)}; ground truth: {out / GROUND_TRUTH_FILE}")
+    print(
+        f"Traces: {', '.join(str(f) for f in result.files)}; ground truth: {out / GROUND_TRUTH_FILE},"
+        f" {out / PAGE_TRUTH_FILE}"
+    )
     return 0
 
 
@@ -149,6 +170,9 @@ def print_summary(result: SimResult, seconds: float) -> None:
     columns = Summary.columns()
     write_rows(columns, [s.row() for s in summarise_by(result.requests, lambda r: r.replica)], title="Per replica")
     write_rows(columns, [s.row() for s in summarise_by(result.requests, lambda r: r.workload)], title="Per workload")
+    causes = Counter(page.cause.value for page in result.pages)
+    rows = [(cause, count) for cause, count in causes.most_common()]
+    write_rows(["cause", "pages"], rows, title="What became of each prompt page (docs/design.md section 7)")
     faults = Counter((t.fault, "used" if t.used else "rejected") for t in result.ground_truth)
     if faults:
         rows = [(fault, fate, count) for (fault, fate), count in sorted(faults.items())]

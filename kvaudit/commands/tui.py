@@ -46,7 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--interval", type=duration, default=1.0, help="time between reads of the traces (default 1s)")
     add_skew_option(parser)
-    parser.add_argument("--rules", metavar="FILE", help="alert rule file whose pending and firing alerts to show")
+    parser.add_argument(
+        "--rules",
+        metavar="FILE",
+        help="alert rule file whose pending and firing alerts to show (default: the default rule pack)",
+    )
     parser.add_argument("--snapshot", action="store_true", help="print the figures once as JSON and exit")
     parser.set_defaults(run=run)
 
@@ -58,13 +62,14 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.receive.trace_sink import TraceSink
     from kvaudit.tui.alerting import rule_alerting
     from kvaudit.tui.findings import auditor
-    from kvaudit.tui.source import NO_RULES, LiveSource, snapshot
+    from kvaudit.tui.source import LiveSource, snapshot
 
     if sum(map(bool, (args.paths, args.collect, args.backend))) != 1:
         raise UsageError("give trace PATHs, --collect [ADDR] or --backend URL, one of the three")
     window = window_named(args.window)
     if args.rules and not Path(args.rules).is_file():
         raise FileNotFoundError(f"{args.rules}: no such rule file")
+    alerting = rule_alerting(args.rules, skew_s=args.skew)  # the default pack without --rules
     with ExitStack() as stack:
         if args.collect:
             server = CollectorServer(parse_address(args.collect), TraceSink(args.out)).start()
@@ -82,11 +87,7 @@ def run(args: argparse.Namespace) -> int:
                 "stdout is not a terminal: the live view needs one (--snapshot prints its figures as JSON)"
             )
         source = LiveSource(
-            backend,
-            auditor=auditor(args.skew),
-            alerting=rule_alerting(args.rules, skew_s=args.skew) if args.rules else None,
-            alerts_note=NO_RULES,
-            skew_s=args.skew,
+            backend, auditor=auditor(args.skew), alerting=alerting, alerts_source=alerting.name, skew_s=args.skew
         )
         stack.callback(source.close)
         if args.snapshot:

@@ -103,7 +103,7 @@ class EmitterStats:
 class Operation:
     """One kvaudit operation on one request: becomes one span when it ends."""
 
-    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start")
+    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start", "context")
 
     def __init__(
         self,
@@ -119,6 +119,9 @@ class Operation:
         self._attrs = attrs
         self._pages: list[PageEvent] = []
         self._parent = parent
+        # The span's own context, known from the start: operations of a layer below
+        # (LMCache under vLLM) that run inside this one name it as their parent.
+        self.context: SpanContext = emitter._new_context(parent)
         self._ended = False
         self._at = at_ns
         if start_ns is None:
@@ -156,7 +159,9 @@ class Operation:
             attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
             if end_ns is None:
                 end_ns = time.time_ns() if self._at is None else self._at
-            self._emitter._submit(self._op.span_name, attrs, self._pages, self._start, end_ns, self._parent, outcome)
+            self._emitter._submit(
+                self._op.span_name, attrs, self._pages, self._start, end_ns, self.context, self._parent, outcome
+            )
         except Exception as exc:
             self._emitter._count_error(exc)
 
@@ -176,7 +181,7 @@ class _NoOperation(Operation):
     """What `operation()` returns when emission itself failed: accepts and ignores."""
 
     def __init__(self) -> None:
-        pass
+        self.context = trace.INVALID_SPAN_CONTEXT
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         pass
@@ -316,16 +321,13 @@ class Emitter:
         pages: list[PageEvent],
         start: int,
         end: int,
+        context: SpanContext,
         parent: SpanContext | None,
         outcome: Outcome | None,
     ) -> None:
         events: list[PageEvent] | BoundedList = pages
         if len(pages) > self._max_pages:
             events = BoundedList.from_seq(self._max_pages, pages)
-        trace_id = parent.trace_id if parent is not None else self._random.getrandbits(128) or 1
-        context = SpanContext(
-            trace_id, self._random.getrandbits(64) or 1, is_remote=False, trace_flags=TraceFlags.SAMPLED
-        )
         self._batcher.submit(
             ReadableSpan(
                 name,
@@ -349,6 +351,11 @@ class Emitter:
                 f"replica {self.replica!r} pid {os.getpid()}: {_loss_text(self.stats)} "
                 "(the kvaudit.telemetry span carrying these counts could not be exported)"
             )
+
+    def _new_context(self, parent: SpanContext | None) -> SpanContext:
+        """A new span's context: in its parent's trace, or in a trace of its own."""
+        trace_id = parent.trace_id if parent is not None else self._random.getrandbits(128) or 1
+        return SpanContext(trace_id, self._random.getrandbits(64) or 1, is_remote=False, trace_flags=TraceFlags.SAMPLED)
 
     def _count_error(self, exc: BaseException) -> None:
         if not self._errors:

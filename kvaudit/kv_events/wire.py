@@ -23,6 +23,10 @@ _LOW64: Final = (1 << 64) - 1
 
 
 class BlockStored(msgspec.Struct, tag=True, gc=False):
+    # Not declared, so skipped: `lora_id`, `lora_name`, `extra_keys`, the fields after
+    # `group_idx`, and vLLM 0.33's trailing `lookahead_token_ids` (the tokens past each
+    # block that its hash covers under lookahead hashing; omitted when None). `token_ids`
+    # holds the blocks' own tokens on every release, so token ranges do not depend on it.
     block_hashes: list[ExternalBlockHash]
     parent_block_hash: ExternalBlockHash | None
     token_ids: list[int]

@@ -1,12 +1,14 @@
 """The whole picture of a set of traces: findings, reuse, hit rates, overhead, capacity.
 
 `gather` runs the auditor, the named queries and the capacity curve once; the terminal
-(`print_report`) and HTML (`kvaudit.report_html`) renderings only lay the results out.
+(`print_report`) and HTML (`kvaudit.present.report_html`) renderings only lay the results
+out, both starting with the same headline (`headline`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
@@ -19,6 +21,7 @@ from kvaudit.backends import Source
 from kvaudit.present.findings import write_table
 from kvaudit.present.rows import write_rows
 from kvaudit.present.terminal import console as terminal_console
+from kvaudit.present.units import byte_size, count, duration_s, percent
 
 # The named queries a report shows, in order, with their section titles.
 SECTIONS: Final = {
@@ -72,6 +75,7 @@ class Table:
 @dataclass
 class Report:
     findings: list[Finding]
+    headline: Table | None = None  # the named query `headline`: one row
     tables: dict[str, Table] = field(default_factory=dict)
     hit_rate_totals: Table | None = None
     capacity: CapacityCurve | None = None
@@ -85,13 +89,69 @@ def gather(
     sample_rate: float | None = None,
 ) -> Report:
     """Run everything a report shows over the traces (a store, or a backend such as ClickHouse)."""
-    report = Report(run_audit(source, skew_s=skew_s))
+    report = Report(run_audit(source, skew_s=skew_s), Table(*run_named(source, "headline")))
     variables = {"kvaudit_skew_s": skew_s, "kvaudit_bucket_s": bucket_s}
     for name in SECTIONS:
         report.tables[name] = Table(*run_named(source, name, variables))
     report.hit_rate_totals = Table(*run_named(source, "hit_rate", {"kvaudit_bucket_s": WHOLE_TRACE_S}))
     report.capacity = capacity_curve(source, sample_rate=sample_rate)
     return report
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the headline: what it is, how it reads, the value behind it, a note."""
+
+    name: str
+    label: str
+    text: str
+    value: Any
+    note: str = ""
+    alarm: bool = False  # a figure that should be zero and is not
+
+
+def headline(report: Report) -> list[Figure]:
+    """What an operator looks at first: replicas, time range, requests, hit rate, bytes, critical findings."""
+    row = report.headline.records()[0] if report.headline is not None and report.headline.rows else {}
+    first, last = row.get("first_time"), row.get("last_time")
+    span = ""
+    if first is not None and last is not None:
+        span = f"{_utc(first)} → {_utc(last)}"
+    rate = row.get("hit_rate")
+    critical = sum(f.severity == "critical" for f in report.findings)
+    others = len(report.findings) - critical
+    return [
+        Figure("replicas", "replicas", count(row.get("replicas") or 0), row.get("replicas") or 0),
+        Figure(
+            "time_range",
+            "time range (UTC)",
+            span or "–",
+            span,
+            duration_s((last - first).total_seconds()) if span else "",
+        ),
+        Figure("requests", "requests", count(row.get("requests") or 0), row.get("requests") or 0),
+        Figure(
+            "hit_rate",
+            "hit rate",
+            "–" if rate is None else percent(rate),
+            rate,
+            f"{count(row.get('tokens_hit') or 0)} of {count(row.get('tokens_requested') or 0)} fetched tokens",
+        ),
+        Figure("fetch_bytes", "fetched", byte_size(row.get("fetch_bytes") or 0), row.get("fetch_bytes") or 0),
+        Figure(
+            "critical_findings",
+            "critical findings",
+            count(critical),
+            critical,
+            f"{count(others)} warning or info" if others else "",
+            alarm=critical > 0,
+        ),
+    ]
+
+
+def _utc(moment: dt.datetime) -> str:
+    """A span time (the views' timestamps are UTC) to the second."""
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def capacity_points(curve: CapacityCurve, points: int = CAPACITY_POINTS) -> Table:
@@ -105,6 +165,10 @@ def print_report(report: Report, stream: TextIO) -> None:
     """The report for a terminal (80 columns and up): findings by rule with their fields named,
     and each section's main columns; the HTML report and `--format json` have every column."""
     console = terminal_console(stream)
+    console.rule("[bold]Headline")
+    for figure in headline(report):
+        note = f"  ({figure.note})" if figure.note else ""
+        console.print(f"{figure.label:>17}: {figure.text}{note}", markup=False, highlight=False)
     console.rule("[bold]Findings")
     write_table(report.findings, stream, rows_per_group=10)
     for name, columns in TERMINAL_COLUMNS.items():
@@ -143,6 +207,7 @@ def report_json(report: Report) -> dict[str, Any]:
             "points": capacity_points(curve).records(),
         }
     return {
+        "headline": report.headline.records()[0] if report.headline is not None and report.headline.rows else None,
         "findings": [dataclasses.asdict(finding) for finding in report.findings],
         "sections": {name: table.records() for name, table in report.tables.items()},
         "hit_rate_totals": report.hit_rate_totals.records() if report.hit_rate_totals is not None else None,

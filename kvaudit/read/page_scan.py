@@ -14,6 +14,8 @@ reader decodes such a line the general way, so both paths give the same rows and
 same errors (tests/test_page_scan.py holds them equal, on random lines and on lines
 broken at random).
 
+Its machine code is built once and kept in a user cache directory (`scanner_cache`).
+
 It runs before msgspec. Where it read every byte of a line's `events` arrays by its
 exact paths (see _scan), those bytes are valid JSON, and msgspec decodes the spans and
 resources of the line without them: skipping the events had been most of msgspec's time.
@@ -34,7 +36,11 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from kvaudit.contract import EVENT_PAGE
+from kvaudit.read import scanner_cache
 from kvaudit.read.buffer_pool import BufferPool
+
+# Before any function below is decorated: numba picks a function's cache directory then.
+numba.config.CACHE_DIR = scanner_cache.numba_cache_dir()
 
 # Column kinds as the scanner numbers them (kvaudit.reader maps its own kinds onto these).
 STR, INT, BOOL, INTS = 0, 1, 2, 3

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from kvaudit.contract import PAGE_COLUMNS, Kind
 from kvaudit.otlp.schema import DECODER, HEAD_DECODER
-from kvaudit.read import files, page_scan, sources
+from kvaudit.read import files, page_scan, scanner_cache, sources
 from kvaudit.read.buffer_pool import BufferPool
 from kvaudit.read.columns import (
     ERRORS_SCHEMA,
@@ -50,8 +50,8 @@ _SCAN_KIND: Final = {
 # most 2 * CHUNK_BYTES per CPU.
 _BUFFER_BYTES: Final = 2 * CHUNK_BYTES  # larger buffers, for a range with a huge line, are not kept
 _BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=_BUFFER_BYTES)
-# The page scanner's machine code takes ~0.5 s to load from numba's disk cache (and ~40 s
-# to compile on a fresh install); msgspec's full decode reads this much faster than that.
+# The page scanner's machine code takes ~0.5 s to load from numba's disk cache; msgspec's
+# full decode reads this much faster than that.
 SCAN_MIN_BYTES: Final = 4 * 1024 * 1024
 
 
@@ -330,7 +330,8 @@ def read_files(
     """
     cursors = Cursors() if cursors is None else cursors
     workers = max(workers or os.cpu_count() or 1, 1)
-    scan = pending_bytes(files, cursors, text=True) >= SCAN_MIN_BYTES
+    # Unbuilt, the scanner is built in the background while this read uses msgspec (scanner_cache).
+    scan = pending_bytes(files, cursors, text=True) >= SCAN_MIN_BYTES and scanner_cache.ready_or_building()
     if scan:
         page_scanner().compile()  # once, before the threads want it
     parts: list[Tables] = []

@@ -5,7 +5,8 @@ store and eviction goes through `kvaudit.emit` into OTLP JSON files, stamped in
 simulated time. Modules: `model` (geometry and cost model), `hardware` (GPU
 profiles), `specs` (a preset or a JSON file), `workload` (sessions and their token
 streams), `router`, `pool` (LRU tiers), `faults` (injection, guard, ground truth),
-`engine` (the event loop), `stats` (what a run measured).
+`page_truth` (every page's cause, docs/design.md section 7), `records` (the truth
+files), `engine` (the event loop), `stats` (what a run measured).
 
 May import: the contract and `kvaudit.emit` (it is a serving side, simulated).
 """

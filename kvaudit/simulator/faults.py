@@ -6,9 +6,15 @@
 - `rolling-upgrade:T`: at simulated second T the last replica restarts with the packed
   KV layout. Page keys do not include the layout, so from then on pages of one
   layout are served to replicas of the other.
+- `late-store:S`: a request's pages reach the pool and the local tier S seconds after
+  its prefill ends (an asynchronous store falling behind), so a request that needs them
+  in between misses them (`stored_after_lookup`, docs/design.md section 7).
 
 Without the guard a bad page is used (silent corruption); with it the page is
-rejected and its tokens are recomputed, which costs their prefill.
+rejected and its tokens are recomputed, which costs their prefill. With prevention
+each replica's geometry fingerprint is part of its keys (docs/design.md section 4.5),
+as the LMCache hook's `prevent` makes it: pages of the other layout are never found,
+so no bytes move for them (raw-pointer pages are not a matter of geometry: unchanged).
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ import msgspec
 
 from kvaudit.contract import KVConfig, PageDescriptor, Transfer
 from kvaudit.guard import violations
+from kvaudit.simulator.records import read_records
 
 RAW_PTR: Final = "raw-ptr"
 ROLLING_UPGRADE: Final = "rolling-upgrade"
+LATE_STORE: Final = "late-store"
+_EXPECTED: Final = f"{RAW_PTR}:SHARE (0..1), {ROLLING_UPGRADE}:SECONDS (>= 0) or {LATE_STORE}:SECONDS (>= 0)"
 
 
 @dataclass(frozen=True)
@@ -32,28 +41,32 @@ class Faults:
     raw_ptr: float = 0.0
     upgrade_at_s: float | None = None
     guard: bool = False
+    prevent: bool = False
+    store_delay_s: float = 0.0
 
 
-def parse_faults(specs: list[str], *, guard: bool = False) -> Faults:
-    """`raw-ptr:0.01` and `rolling-upgrade:120` (seconds of simulated time).
+def parse_faults(specs: list[str], *, guard: bool = False, prevent: bool = False) -> Faults:
+    """`raw-ptr:0.01`, `rolling-upgrade:120` and `late-store:2` (seconds of simulated time).
 
     Raises:
         ValueError: unknown fault or bad value.
     """
-    raw_ptr, upgrade_at = 0.0, None
+    raw_ptr, upgrade_at, store_delay = 0.0, None, 0.0
     for spec in specs:
         kind, _, value = spec.partition(":")
         try:
             number = float(value)
         except ValueError:
-            raise ValueError(f"fault {spec!r}: expected {RAW_PTR}:SHARE or {ROLLING_UPGRADE}:SECONDS") from None
+            raise ValueError(f"fault {spec!r}: expected {_EXPECTED}") from None
         if kind == RAW_PTR and 0 <= number <= 1:
             raw_ptr = number
         elif kind == ROLLING_UPGRADE and number >= 0:
             upgrade_at = number
+        elif kind == LATE_STORE and number >= 0:
+            store_delay = number
         else:
-            raise ValueError(f"fault {spec!r}: expected {RAW_PTR}:SHARE (0..1) or {ROLLING_UPGRADE}:SECONDS (>= 0)")
-    return Faults(raw_ptr, upgrade_at, guard)
+            raise ValueError(f"fault {spec!r}: expected {_EXPECTED}")
+    return Faults(raw_ptr, upgrade_at, guard, prevent, store_delay)
 
 
 class GroundTruth(msgspec.Struct, kw_only=True):
@@ -105,13 +118,5 @@ class Injector:
         return not violations(page, PageDescriptor.from_config(consumer))
 
 
-def write_ground_truth(path: Path, records: list[GroundTruth]) -> None:
-    encoder = msgspec.json.Encoder()
-    with path.open("wb") as out:
-        for record in records:
-            out.write(encoder.encode(record) + b"\n")
-
-
 def read_ground_truth(path: Path) -> list[GroundTruth]:
-    decoder = msgspec.json.Decoder(GroundTruth)
-    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line]
+    return read_records(path, GroundTruth)

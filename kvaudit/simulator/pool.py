@@ -10,11 +10,12 @@ from kvaudit.contract import PageDescriptor
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """A page as it sits in a tier: what its producer stored, and who that was."""
+    """A page as it sits in a tier: what its producer stored, who that was, and when."""
 
     page: PageDescriptor
     producer: str
     nbytes: int
+    stored_ns: int = 0
 
 
 class LRUTier:

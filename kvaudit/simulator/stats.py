@@ -14,6 +14,9 @@ class Summary:
 
     reqs: requests.
     hit: prompt tokens loaded from a tier and used, over prompt tokens.
+    achievable: the hit rate the fleet could have had: the leading prompt pages of which a
+        compatible copy existed anywhere in the fleet at the lookup, or that were used
+        (docs/design.md section 7.3), over prompt tokens.
     found: prompt tokens the lookup found, used or rejected by the guard (and recomputed).
     cross: share of used tokens produced by another replica.
     ttft_ms: mean time to first token.
@@ -26,6 +29,7 @@ class Summary:
     group: str
     reqs: int
     hit: float
+    achievable: float
     found: float
     cross: float
     ttft_ms: float
@@ -54,6 +58,7 @@ def summarise(group: str, records: Sequence[RequestRecord]) -> Summary:
         group=group,
         reqs=n,
         hit=_ratio(used, tokens),
+        achievable=_ratio(sum(r.achievable_tokens for r in records), tokens),
         found=_ratio(sum(r.lookup_hit_tokens for r in records), tokens),
         cross=_ratio(sum(r.cross_tokens for r in records), used),
         ttft_ms=1e3 * _ratio(ttft, n),

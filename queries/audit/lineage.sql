@@ -7,6 +7,14 @@
 --   earliest store of that key anywhere), when that store precedes the fetch (allowing
 --   `kvaudit_skew_s` of clock skew between machines); and to the `replicas` row of the
 --   process that fetched it (the consumer's own KV configuration).
+-- Layers: a fetched page that names the page of the layer below that served it
+--   (`source_key`: a vLLM block loaded through LMCache names its chunk) is judged by the
+--   most complete description either layer recorded: each descriptor field it lacks
+--   (model, dtype, shape, layout, bytes, world_size, rank, layers, kv_heads, head_size,
+--   checksum, transfer, address) comes from that page, the fetch of that key in the same
+--   trace (the layer below's span is a child of the fetch's). Key, hash algorithm, token
+--   range and `used` stay the page's own. Without such a page, the fields stay absent
+--   (docs/design.md section 4.2).
 -- Why it matters: which replica produced a fetched page is not in the page; this join
 --   is how the auditor knows what was stored under the key and by whom.
 -- Reads: pages, replicas, audit_producers (queries/audit/producers.sql, which the auditor
@@ -18,7 +26,32 @@
 --   safe miss is treated as used); key_stored (a store of the key exists anywhere);
 --   producer, producer_resource_id and s_<field> (the producer's stored
 --   descriptor; NULL without a producer); c_<field> (the consumer's configuration).
-WITH joined AS (
+WITH below AS (
+    -- Fetches of a layer below that a fetch above names, one per trace and key.
+    SELECT trace_id, key, model, dtype, shape, layout, bytes, world_size, rank, layers, kv_heads, head_size,
+           checksum, transfer, address
+    FROM (
+        SELECT *, row_number() OVER (PARTITION BY trace_id, key ORDER BY time_ns, file, line) AS nth
+        FROM pages
+        WHERE op = 'fetch'
+          AND key IN (SELECT source_key FROM pages WHERE op = 'fetch' AND source_key IS NOT NULL)
+    ) named
+    WHERE nth = 1
+),
+fetched AS (
+    SELECT p.file, p.line, p.resource_id, p.replica, p.trace_id, p.span_id, p.time_ns, p.key, p.hash_algo,
+           p.token_start, p.token_end, coalesce(p.model, b.model) AS model, coalesce(p.dtype, b.dtype) AS dtype,
+           coalesce(p.shape, b.shape) AS shape, coalesce(p.layout, b.layout) AS layout,
+           coalesce(p.bytes, b.bytes) AS bytes, coalesce(p.world_size, b.world_size) AS world_size,
+           coalesce(p.rank, b.rank) AS rank, coalesce(p.layers, b.layers) AS layers,
+           coalesce(p.kv_heads, b.kv_heads) AS kv_heads, coalesce(p.head_size, b.head_size) AS head_size,
+           p.used, coalesce(p.checksum, b.checksum) AS checksum, coalesce(p.transfer, b.transfer) AS transfer,
+           coalesce(p.address, b.address) AS address
+    FROM pages p
+    LEFT JOIN below b ON b.trace_id = p.trace_id AND b.key = p.source_key
+    WHERE p.op = 'fetch'
+),
+joined AS (
     -- One join serves both key_stored and the producer: the earliest store of the key is
     -- the producer exactly when it precedes the fetch (no later store can precede it).
     SELECT f.file, f.line, f.resource_id, f.replica, f.trace_id, f.span_id, f.key, f.hash_algo, f.token_start,
@@ -33,10 +66,9 @@ WITH joined AS (
            c.model AS c_model, c.dtype AS c_dtype, c.layout AS c_layout, c.world_size AS c_world_size,
            c.rank AS c_rank, c.hash_algo AS c_hash_algo, c.layers AS c_layers, c.kv_heads AS c_kv_heads,
            c.head_size AS c_head_size
-    FROM pages f
+    FROM fetched f
     LEFT JOIN audit_producers s ON s.key = f.key
     LEFT JOIN replicas c ON c.resource_id = f.resource_id
-    WHERE f.op = 'fetch'
 )
 SELECT file, line, resource_id, replica, trace_id, span_id, key, hash_algo, token_start, token_end, model, dtype,
        shape, layout, bytes, world_size, rank, layers, kv_heads, head_size, used, checksum, transfer, address,

@@ -20,7 +20,9 @@ fetches AS (
            p.replica AS consumer, p.used, p.token_end - p.token_start AS tokens, p.bytes
     FROM pages p
     LEFT JOIN first_store s ON s.key = p.key
-    WHERE p.op = 'fetch' AND p.time_ns >= getvariable('kvaudit_since_ns') // 1000000000 * 1000000000
+    -- A page served through a layer below (`source_key`) counts once, as that layer's page.
+    WHERE p.op = 'fetch' AND p.source_key IS NULL
+      AND p.time_ns >= getvariable('kvaudit_since_ns') // 1000000000 * 1000000000
 )
 SELECT producer,
        consumer,

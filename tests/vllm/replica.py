@@ -3,8 +3,12 @@
 SPEC_JSON: {"model": DIR, "dtype": "bfloat16", "prompts": [[token ids], ...],
 "cache_salt": null, "max_tokens": 16, "kv_transfer": {KVTransferConfig fields} or null,
 "otlp_traces_endpoint": URL or null (vLLM's own request spans), "kv_events_endpoint":
-ZMQ endpoint to publish vLLM's KV events on, or null}. Prints one line
-`RESULT [{"tokens": [...], "cached": N, "finish": "length"}, ...]`, one entry per prompt.
+ZMQ endpoint to publish vLLM's KV events on, or null, "engine_args": more `LLM`
+arguments or null, "sleep": put the engine to sleep and wake it before generating
+again, "after_reset": [[token ids], ...] or absent}. Prints one line `RESULT [{"tokens":
+[...], "cached": N, "finish": "length"}, ...]`, one entry per prompt (with "sleep", the
+entries of the generation after waking); with `after_reset`, then resets the prefix
+cache and runs those prompts one after the other, printing `AFTER_RESET [...]` alike.
 A separate process because vLLM spawns its EngineCore and Worker processes from it,
 and because each replica must be a fresh engine, as in a fleet.
 """
@@ -42,21 +46,32 @@ def main(spec: dict) -> None:
         else None,
         # vLLM's offline LLM needs stats for its request spans (else an assertion fails).
         disable_log_stats=not tracing,
+        **spec.get("engine_args", {}),
     )
     params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 16), detokenize=False, ignore_eos=True)
     # A cache salt changes vLLM's block hashes (the page keys), not what is computed.
     salt = {"cache_salt": spec["cache_salt"]} if spec.get("cache_salt") else {}
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p, **salt) for p in spec["prompts"]], params)
-    results = [
-        {"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens, "finish": o.outputs[0].finish_reason}
-        for o in outputs
-    ]
-    print("RESULT " + json.dumps(results), flush=True)
+    prompts = [TokensPrompt(prompt_token_ids=p, **salt) for p in spec["prompts"]]
+    outputs = llm.generate(prompts, params)
+    if spec.get("sleep"):
+        llm.sleep(level=1)
+        llm.wake_up()
+        outputs = llm.generate(prompts, params)
+    print("RESULT " + json.dumps([_result(o) for o in outputs]), flush=True)
+    if spec.get("after_reset"):
+        assert llm.reset_prefix_cache(), "the prefix cache was not reset"
+        again = [llm.generate([TokensPrompt(prompt_token_ids=p, **salt)], params)[0] for p in spec["after_reset"]]
+        print("AFTER_RESET " + json.dumps([_result(o) for o in again]), flush=True)
     # The hook exports its spans in the background within EXPORT_WAIT_S; vLLM's shutdown
     # kills an EngineCore or Worker that does not exit within 5 s, so give the exporters
     # their time first.
     time.sleep(EXPORT_WAIT_S)
     llm.llm_engine.engine_core.shutdown()
+
+
+def _result(output) -> dict:
+    first = output.outputs[0]
+    return {"tokens": list(first.token_ids), "cached": output.num_cached_tokens, "finish": first.finish_reason}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`?`: the keys and the filter syntax."""
+"""`?`: the keys and the filter syntax, in a box that fits any terminal from 80x24 (lines wrap)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ KEYS: Final = (
     ("p", "pause or resume reading the traces"),
     ("/", "filter: replica:NAME rule:KVA004 key:PREFIX, or bare words (escape clears)"),
     ("s", "sort the focused table by its next column"),
+    ("c", "the focused table's every column (a narrow terminal shows the important ones)"),
+    ("z", "zoom the focused panel to the whole screen, and back"),
     ("enter", "open a finding: fetched descriptor beside the stored one"),
     ("escape", "back"),
-    ("1 2 3 4", "window: last minute, 5 minutes, hour, everything"),
+    ("1 2 3 4", "window: last minute, 5 minutes, hour, everything (every panel answers for it)"),
     ("tab", "next panel"),
     ("?", "this help"),
     ("q", "quit"),
@@ -28,7 +30,8 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > Vertical {
-        width: 84; height: auto; border: round $accent; background: $surface; padding: 1 2;
+        width: 84; max-width: 100%; height: auto; max-height: 100%;
+        border: round $accent; background: $surface; padding: 1 2;
     }
     """
     BINDINGS: ClassVar = [Binding("escape,question_mark,q", "dismiss", "Close")]

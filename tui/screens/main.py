@@ -2,7 +2,13 @@
 
 The screen holds the view state (window, pause, filter, the latest `Figures`) as
 reactive attributes bound into the panels; all reading and querying happens in
-worker threads through `LiveSource`, so the UI never waits on DuckDB.
+worker threads through `LiveSource`, so the UI never waits on DuckDB. While the traces
+are first read, and while an audit runs, the panels say so ("reading…", "auditing…"):
+a count not yet known is never shown as 0.
+
+The layout is for any terminal from 80x24 up: the tables show their most important
+columns first (`c` shows the rest), a short terminal gives the findings the height it
+can, and `z` zooms the focused panel to the whole screen.
 """
 
 from __future__ import annotations
@@ -39,17 +45,27 @@ class MainScreen(Screen[None]):
     MainScreen #replicas { height: auto; max-height: 14; }
     MainScreen #middle { height: 1fr; min-height: 7; }
     MainScreen #reuse { width: 3fr; }
-    MainScreen #alerts { width: 2fr; }
+    MainScreen #alerts { width: 2fr; overflow-y: auto; }
     MainScreen #findings { height: 2fr; }
     MainScreen DataTable { height: auto; max-height: 100%; }
     MainScreen #findings DataTable { height: 1fr; }
     MainScreen #filter { dock: bottom; display: none; border: tall $accent; }
     MainScreen #filter.shown { display: block; }
+    MainScreen.-short #replicas { max-height: 7; }
+    MainScreen.-short #middle { height: 7; min-height: 5; }
+    MainScreen.-short #findings { height: 1fr; }
+    MainScreen.zoomed .panel { display: none; }
+    MainScreen.zoomed #middle { display: none; }
+    MainScreen.zoomed #middle.holds-zoom { display: block; height: 1fr; }
+    MainScreen.zoomed .panel.zoom { display: block; height: 1fr; max-height: 100%; width: 1fr; }
     """
+    # Below 32 lines the screen is short: the middle panels keep a fixed height, the findings the rest.
+    VERTICAL_BREAKPOINTS: ClassVar = [(0, "-short"), (32, "-tall")]
     BINDINGS: ClassVar = [
         Binding("p", "pause", "Pause/resume"),
         Binding("slash", "open_filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("z", "zoom", "Zoom"),
         *(
             Binding(str(i), f"window('{w.name}')", "Window", key_display="1-4", show=i == 1)
             for i, w in enumerate(WINDOWS, 1)
@@ -60,6 +76,7 @@ class MainScreen(Screen[None]):
     paused: reactive[bool] = reactive(False, init=False)
     window: reactive[str] = reactive("", init=False)
     view_filter: reactive[Filter] = reactive(Filter, init=False)
+    auditing: reactive[bool] = reactive(False, init=False)  # an audit is running now
 
     def __init__(self, source: LiveSource, *, watching: str, window: Window, interval_s: float) -> None:
         super().__init__()
@@ -70,14 +87,14 @@ class MainScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self._watching).data_bind(
-            MainScreen.figures, MainScreen.paused, MainScreen.window, MainScreen.view_filter
+            MainScreen.figures, MainScreen.paused, MainScreen.window, MainScreen.view_filter, MainScreen.auditing
         )
         with Vertical(id="replicas", classes="panel") as panel:
             panel.border_title = "replicas"
             yield ReplicaTable(id="replica-table").data_bind(MainScreen.figures, MainScreen.view_filter)
         with Horizontal(id="middle"):
             with Vertical(id="reuse", classes="panel") as panel:
-                panel.border_title = "reuse: producer → consumer (tokens used, pages rejected ✗)"
+                panel.border_title = "reuse: tokens used, producer ↓ consumer →"
                 yield ReuseMatrix(id="reuse-matrix").data_bind(MainScreen.figures, MainScreen.view_filter)
             with Vertical(id="alerts", classes="panel") as panel:
                 panel.border_title = "alerts"
@@ -91,6 +108,7 @@ class MainScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one(FindingsTable).focus()
         self.watch(self.query_one(FindingsTable), "shown", self._show_count)
+        self._titles()
         self._read()
         self.set_interval(self._interval_s, self._tick)
 
@@ -118,11 +136,15 @@ class MainScreen(Screen[None]):
     # The audit and the alert rules may take seconds over large traces: a worker of their own.
     @work(thread=True, group="analyse", exit_on_error=False)
     def _analyse(self) -> None:
+        if self.source.audit_due():
+            self.app.call_from_thread(setattr, self, "auditing", True)
         try:
             analysed = self.source.analyse(window_named(self.window))
         except (duckdb.Error, OSError, ValueError) as exc:
             self.app.call_from_thread(self._error, f"auditing the traces failed: {exc}")
             return
+        finally:
+            self.app.call_from_thread(setattr, self, "auditing", False)
         if analysed is not None:
             self.app.call_from_thread(self._show, analysed)
 
@@ -136,16 +158,39 @@ class MainScreen(Screen[None]):
         if figures.window == self.window and (self.figures is None or figures.serial >= self.figures.serial):
             self.figures = figures
 
-    def watch_figures(self, figures: Figures | None) -> None:
-        note = figures.findings_note if figures is not None else ""
-        self.query_one("#findings", Vertical).border_title = f"findings: {note}" if note else "findings"
+    def watch_figures(self) -> None:
+        self._titles()
 
-    def _show_count(self, shown: tuple[int, int]) -> None:
-        rows, matching = shown
-        subtitle = f"{rows} of {matching}" if rows < matching else str(rows)
-        self.query_one("#findings", Vertical).border_subtitle = subtitle
+    def watch_auditing(self) -> None:
+        self._titles()
+
+    def _show_count(self) -> None:
+        self._titles()
+
+    def _titles(self) -> None:
+        """Panel titles and subtitles: the window each answers for, and what is still on its way."""
+        figures = self.figures
+        reading = "reading…" if figures is None else ""
+        replicas = self.query_one("#replicas", Vertical)
+        replicas.border_title = f"replicas · {self.window}"
+        replicas.border_subtitle = reading
+        self.query_one("#reuse", Vertical).border_subtitle = reading
+        alerts = self.query_one("#alerts", Vertical)
+        alerts.border_title = f"alerts: {figures.alerts_source}" if figures and figures.alerts_source else "alerts"
+        findings = self.query_one("#findings", Vertical)
+        note = figures.findings_note if figures is not None else ""
+        findings.border_title = f"findings · {self.window}" + (f": {note}" if note else "")
+        findings.border_subtitle = reading or self._findings_count(figures)
+
+    def _findings_count(self, figures: Figures | None) -> str:
+        rows, matching = self.query_one(FindingsTable).shown
+        count = f"{rows} of {matching}" if rows < matching else str(rows)
+        if figures is not None and figures.findings_total is not None:
+            count += f" in {self.window} · {figures.findings_total} in all"
+        return count + (" · auditing…" if self.auditing else "")
 
     def watch_window(self) -> None:
+        self._titles()
         self._read(read=False)
 
     # --- keys -------------------------------------------------------------------
@@ -155,6 +200,21 @@ class MainScreen(Screen[None]):
 
     def action_window(self, name: str) -> None:
         self.window = name
+
+    def action_zoom(self) -> None:
+        """The focused panel on the whole screen, or back to every panel."""
+        for node in self.query(".zoom, .holds-zoom"):
+            node.remove_class("zoom", "holds-zoom")
+        if self.has_class("zoomed") or self.focused is None:
+            self.remove_class("zoomed")
+            return
+        panel = next((a for a in self.focused.ancestors_with_self if a.has_class("panel")), None)
+        if panel is None:
+            return
+        panel.add_class("zoom")
+        if panel.parent is not None and panel.parent.id == "middle":
+            panel.parent.add_class("holds-zoom")
+        self.add_class("zoomed")
 
     def action_open_filter(self) -> None:
         field = self.query_one("#filter", Input)

@@ -1,11 +1,10 @@
-"""The alerts panel: firing alerts from the rule file, or why there are none to show."""
+"""The alerts panel: pending and firing alerts of the rules (a file, or the default pack), or why there are none."""
 
 from __future__ import annotations
 
 from typing import Final
 
-from rich.console import RenderableType
-from rich.table import Table
+from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -17,30 +16,30 @@ _STATE_STYLE: Final = {"firing": "bold white on red", "pending": "black on yello
 
 
 class AlertsPanel(Static):
+    """Each alert as its state and name, then its labels and summary on lines of their own,
+    wrapped to the panel's width (never cut); the panel scrolls when they are more than fit."""
+
     DEFAULT_CSS = """
-    AlertsPanel { padding: 0 1; height: 1fr; }
+    AlertsPanel { padding: 0 1; height: auto; }
     """
 
-    figures: reactive[Figures | None] = reactive(None)
+    figures: reactive[Figures | None] = reactive(None, layout=True)  # its height follows the alerts
 
     def render(self) -> RenderableType:
         figures = self.figures
         if figures is None:
-            return Text("loading…", style="dim")
+            return Text("reading…", style="dim")
         if figures.alerts is None:
             return Text(figures.alerts_note, style="dim")
         if not figures.alerts:
             return Text("✓ nothing firing or pending", style="green")
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True, min_width=9)
-        grid.add_column(no_wrap=True)
-        grid.add_column(overflow="ellipsis")
+        lines: list[Text] = []
         for alert in figures.alerts:
-            grid.add_row(
-                Text(f" {alert.state.upper()} ", style=_STATE_STYLE.get(alert.state, "")),
-                cells.plain(alert.name, style="bold"),
-                cells.plain(" ".join(f"{k}={v}" for k, v in alert.labels if k != "alertname"), style="dim"),
-            )
+            head = Text(f" {alert.state.upper()} ", style=_STATE_STYLE.get(alert.state, ""))
+            lines.append(head + " " + cells.plain(alert.name, style="bold"))
+            labels = " ".join(f"{k}={v}" for k, v in alert.labels if k != "alertname")
+            if labels:
+                lines.append(Text("  ") + cells.plain(labels, style="dim"))
             if alert.summary:
-                grid.add_row("", cells.plain(alert.summary, style="italic"), "")
-        return grid
+                lines.append(Text("  ") + cells.plain(alert.summary, style="italic"))
+        return Group(*lines)

@@ -1,4 +1,4 @@
-"""The findings list: critical first, one row per finding; enter opens its descriptors."""
+"""The findings list of the window shown: critical first, one row per finding; enter opens its descriptors."""
 
 from __future__ import annotations
 
@@ -17,13 +17,16 @@ MAX_ROWS: Final = 500
 
 
 class FindingsTable(SortableTable[FindingRow]):
+    # By importance; the message takes what is left of the width, the rule's name and the
+    # producer show where there is room (or with `c`), and all of it in the drill-down.
     COLUMNS: ClassVar = (
         Column("severity", lambda f: cells.severity(f.severity), lambda f: (f.severity_rank, f.code)),
-        Column("rule", lambda f: cells.plain(f"{f.code} {f.rule}"), lambda f: (f.code, f.severity_rank)),
+        Column("code", lambda f: cells.plain(f.code), lambda f: (f.code, f.severity_rank)),
         Column("replica", lambda f: cells.plain(f.replica), lambda f: (f.replica or "", f.severity_rank)),
+        Column("key", lambda f: cells.plain(cells.short_key(f.key, 12)), lambda f: (f.key or "", f.severity_rank)),
+        Column("message", lambda f: cells.plain(f.message), lambda f: (f.message, f.severity_rank), flex=True),
         Column("producer", lambda f: cells.plain(f.producer), lambda f: (f.producer or "", f.severity_rank)),
-        Column("key", lambda f: cells.plain(cells.short_key(f.key)), lambda f: (f.key or "", f.severity_rank)),
-        Column("message", lambda f: cells.plain(f.message), lambda f: (f.message, f.severity_rank)),
+        Column("rule", lambda f: cells.plain(f.rule), lambda f: (f.rule, f.severity_rank)),
     )
 
     figures: reactive[Figures | None] = reactive(None, init=False)

@@ -1,4 +1,4 @@
-"""The per-replica table: traffic, reuse, transfer speed and trouble, with a hit sparkline."""
+"""The per-replica table: trouble, reuse and traffic first (a hit sparkline over the window), transfer speed after."""
 
 from __future__ import annotations
 
@@ -17,28 +17,29 @@ def _none_last(value: float | int | None) -> float:
 
 
 class ReplicaTable(SortableTable[ReplicaFigures]):
+    # By importance: what is wrong, whether reuse pays, how busy; transfer speed after.
     COLUMNS: ClassVar = (
         Column("replica", lambda r: cells.plain(r.replica), lambda r: r.replica),
-        Column("requests", lambda r: cells.count(r.requests), lambda r: r.requests, descending=True),
+        Column(
+            "critical",
+            lambda r: cells.alarm(r.critical_findings, style="bold white on red", pending=r.critical_pending),
+            lambda r: _none_last(r.critical_findings),
+            descending=True,
+        ),
         Column("hit rate", lambda r: cells.percent(r.hit_rate), lambda r: _none_last(r.hit_rate), descending=True),
+        Column("hit tokens", lambda r: cells.sparkline(r.activity), lambda r: sum(r.activity), descending=True),
+        Column("rejected", lambda r: cells.alarm(r.rejected_pages, style="yellow"), lambda r: r.rejected_pages, True),
+        Column("requests", lambda r: cells.count(r.requests), lambda r: r.requests, descending=True),
         Column(
             "cross hit tok",
             lambda r: cells.count(r.cross_replica_hit_tokens),
             lambda r: r.cross_replica_hit_tokens,
             descending=True,
         ),
-        Column("fetch GB/s", lambda r: cells.number(r.fetch_gbps, "GB/s"), lambda r: _none_last(r.fetch_gbps), True),
         Column(
             "p99 fetch", lambda r: cells.number(r.p99_fetch_ms, "ms", 1), lambda r: _none_last(r.p99_fetch_ms), True
         ),
-        Column("rejected", lambda r: cells.alarm(r.rejected_pages, style="yellow"), lambda r: r.rejected_pages, True),
-        Column(
-            "critical",
-            lambda r: cells.alarm(r.critical_findings, style="bold white on red"),
-            lambda r: _none_last(r.critical_findings),
-            descending=True,
-        ),
-        Column("hit tokens over the window", lambda r: cells.sparkline(r.activity), lambda r: sum(r.activity), True),
+        Column("fetch GB/s", lambda r: cells.number(r.fetch_gbps, "GB/s"), lambda r: _none_last(r.fetch_gbps), True),
     )
 
     figures: reactive[Figures | None] = reactive(None, init=False)

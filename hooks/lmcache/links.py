@@ -1,0 +1,86 @@
+"""The layer above LMCache: which of its operations each LMCache operation belongs to.
+
+When LMCache runs inside a vLLM worker under kvaudit's vLLM hook (docs/design.md section
+6.4), the vLLM layer opens a `kvaudit.fetch` or `kvaudit.store` span per request and then
+hands the request to LMCache. Before it does, it registers a `Link` under the request id
+LMCache is called with (vLLM's internal id) and the operation: the LMCache hooks then
+record their spans as children of the vLLM span, under vLLM's external request id, and
+tell the link what became of every chunk, so that the vLLM layer can name, for each of
+its blocks, the chunk that served it (`kvaudit.page.source_key`).
+
+Lookups have no vLLM span in the worker (vLLM's lookup runs in its scheduler process): an
+LMCache lookup only takes the request id the layer above names the request by.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
+    from kvaudit.contract import Op, PageDescriptor
+
+# Links are per step; the bound only caps memory when the layer above never comes back
+# for one (a request aborted between its registration and LMCache's call).
+_MAX_LINKS: Final = 4096
+
+
+@dataclass
+class Link:
+    """One operation of the layer above on one request.
+
+    Attributes:
+        request_id: the request id LMCache's spans record (the layer above's own).
+        parent: the layer above's span: LMCache's spans for the request are its children.
+        on_pages: told the pages of each LMCache operation for the request, in key order:
+            every requested chunk of a fetch, those LMCache did not get with `used=False`;
+            every chunk of a store. Called inside the LMCache hook, which fails open.
+    """
+
+    request_id: str
+    parent: SpanContext
+    on_pages: Callable[[list[PageDescriptor]], None]
+
+
+class Links:
+    """Links by (engine request id, operation), and the request ids of unlinked operations."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._links: dict[tuple[str, str], Link] = {}
+        self.rename: Callable[[str], str] | None = None
+
+    def put(self, engine_request_id: str, op: Op, link: Link) -> None:
+        with self._lock:
+            links = self._links
+            links.pop((engine_request_id, op.value), None)
+            links[(engine_request_id, op.value)] = link
+            if len(links) > _MAX_LINKS:
+                # Dicts keep insertion order: drop the oldest quarter in one go.
+                for old in list(links)[: _MAX_LINKS // 4]:
+                    links.pop(old, None)
+
+    def get(self, engine_request_id: str | None, op: Op) -> Link | None:
+        if engine_request_id is None:
+            return None
+        return self._links.get((engine_request_id, op.value))
+
+    def request_id(self, engine_request_id: str | None, link: Link | None) -> str | None:
+        """The request id to record: the link's, else the renamed engine id, else the engine id."""
+        if link is not None:
+            return link.request_id
+        if engine_request_id is None or self.rename is None:
+            return engine_request_id
+        return self.rename(engine_request_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._links.clear()
+        self.rename = None
+
+
+LINKS: Final = Links()

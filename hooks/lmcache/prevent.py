@@ -1,0 +1,45 @@
+"""Prevention: the replica's geometry fingerprint in every key it makes (docs/design.md section 4.5).
+
+LMCache 0.5.6 puts every `lmcache.tag.*` entry of a request's configuration into the
+`CacheEngineKey` it makes for that request (`TokenDatabase._make_key_by_hash`, via
+`process_tokens(request_configs=...)`), and its key has no KV layout and no head
+geometry. With `prevent` on, the instrumentor's wrap of `process_tokens` adds
+`lmcache.tag.kvaudit_geometry=<fingerprint>` there, so a replica whose pages it cannot
+read makes other keys than it: such pages miss by construction, before any byte moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from kvaudit.contract import geometry_fingerprint
+from kvaudit.hooks.lmcache import runtime
+
+TAG: Final = "lmcache.tag.kvaudit_geometry"
+# `process_tokens(tokens, hashes, offsets, mask, make_key, request_configs)`: where it sits when passed by position.
+_REQUEST_CONFIGS_AT: Final = 5
+
+
+def fingerprint_of(database: Any) -> str:
+    """The geometry fingerprint of the engine a token database makes keys for.
+
+    `SegmentTokenDatabase` (CacheBlend) keeps no engine configuration: its layout is
+    hashed as absent, so there only replicas configured alike share keys.
+    """
+    config, metadata = getattr(database, "config", None), database.metadata
+    kv = runtime.geometry_config(config, metadata)
+    if database.save_only_first_rank:
+        # LMCache's MLA keys are the same on every rank (world size 1, rank 0): so is the fingerprint.
+        kv = msgspec.structs.replace(kv, world_size=1, rank=0)
+    return geometry_fingerprint(kv)
+
+
+def tagged(database: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`process_tokens`'s arguments with the fingerprint tag added to its request configuration."""
+    tag = {TAG: fingerprint_of(database)}
+    if len(args) > _REQUEST_CONFIGS_AT:
+        merged = {**(args[_REQUEST_CONFIGS_AT] or {}), **tag}
+        return (*args[:_REQUEST_CONFIGS_AT], merged, *args[_REQUEST_CONFIGS_AT + 1 :]), kwargs
+    return args, {**kwargs, "request_configs": {**(kwargs.get("request_configs") or {}), **tag}}

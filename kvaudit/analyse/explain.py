@@ -1,0 +1,138 @@
+"""Why a request missed: the pages of its prompt with their causes (docs/design.md section 7).
+
+`queries/explain.sql` decides each page's cause from the traces (`explain_evictions`
+adds each page's last eviction); this module runs it for one request and adds what SQL
+does not hold: for a page the guard refused, the rule it
+broke, from `kvaudit.guard` itself (the checks the hooks ran), given the fetched
+descriptor and the consumer's configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import Final
+
+from kvaudit.analyse.named_queries import run_named
+from kvaudit.backends import Backend, Source, as_backend
+from kvaudit.causes import Cause
+from kvaudit.contract import KVConfig, PageDescriptor
+from kvaudit.guard import violations
+
+QUERY: Final = "explain_evictions"  # explain's pages, each with its last eviction
+# The fetched descriptor of a refused page, and the configuration of the process that fetched it.
+_REFUSED: Final = """
+SELECT p.*, r.model AS c_model, r.dtype AS c_dtype, r.layout AS c_layout, r.block_size AS c_block_size,
+       r.world_size AS c_world_size, r.rank AS c_rank, r.hash_algo AS c_hash_algo, r.layers AS c_layers,
+       r.kv_heads AS c_kv_heads, r.head_size AS c_head_size
+FROM pages p LEFT JOIN replicas r ON r.resource_id = p.resource_id
+WHERE p.op = 'fetch' AND p.used = false AND p.request_id = getvariable('kvaudit_request_id')
+  AND p.replica = getvariable('kvaudit_replica') AND p.token_start = getvariable('kvaudit_token_start')
+"""
+
+
+@dataclass(frozen=True)
+class ExplainedPage:
+    """One page of a prompt: a row of `queries/explain_evictions.sql` (its header and explain.sql's say what
+    each column holds), and `rule`."""
+
+    request_id: str
+    replica: str
+    lookup_ns: int
+    prompt_tokens: int | None
+    page: int
+    token_start: int
+    token_end: int
+    key: str
+    cause: Cause
+    achievable: bool
+    tier: str | None
+    holder: str | None
+    producer: str | None
+    stored_ns: int | None
+    evicted_ns: int | None
+    evicted_backend: str | None
+    evicted_tier: str | None
+    evicted_replica: str | None
+    evict_reason: str | None
+    evicted_by: str | None
+    rule: str | None = None  # rejected: why the guard refused it (`KVA005 layout, ...`)
+
+    @property
+    def tokens(self) -> int:
+        return self.token_end - self.token_start
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One request on one replica, page by page."""
+
+    request_id: str
+    replica: str
+    lookup_ns: int
+    prompt_tokens: int | None
+    pages: list[ExplainedPage] = field(default_factory=list)
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(page.tokens for page in self.pages if page.cause.hit)
+
+    @property
+    def achievable_tokens(self) -> int:
+        return sum(page.tokens for page in self.pages if page.achievable)
+
+    def tokens_by_cause(self) -> Counter[Cause]:
+        tokens: Counter[Cause] = Counter()
+        for page in self.pages:
+            tokens[page.cause] += page.tokens
+        return tokens
+
+
+_COLUMNS: Final = tuple(f.name for f in fields(ExplainedPage) if f.name != "rule")
+
+
+def explain(
+    source: Source, request_id: str, *, replica: str | None = None, trace_id: str | None = None
+) -> list[Explanation]:
+    """The request `request_id` on each replica that served it (or on `replica`), in replica order.
+
+    Args:
+        trace_id: only a request with a span in this trace.
+    """
+    backend = as_backend(source)
+    variables = {"kvaudit_request_id": request_id, "kvaudit_replica": replica, "kvaudit_trace_id": trace_id}
+    columns, rows = run_named(backend, QUERY, variables)
+    explanations: dict[tuple[str, str], Explanation] = {}
+    for row in rows:
+        values = dict(zip(columns, row))
+        page = ExplainedPage(**{name: values[name] for name in _COLUMNS} | {"cause": Cause(values["cause"])})
+        if page.cause == Cause.REJECTED:
+            page = _with_rule(backend, page)
+        request = explanations.setdefault(
+            (page.replica, page.request_id),
+            Explanation(page.request_id, page.replica, page.lookup_ns, page.prompt_tokens),
+        )
+        request.pages.append(page)
+    return [explanations[key] for key in sorted(explanations)]
+
+
+def _with_rule(backend: Backend, page: ExplainedPage) -> ExplainedPage:
+    """The page with the guard's reasons for refusing it, judged as the consuming process judged it."""
+    variables = {
+        "kvaudit_request_id": page.request_id,
+        "kvaudit_replica": page.replica,
+        "kvaudit_token_start": page.token_start,
+    }
+    columns, rows = backend.query(_REFUSED, variables)
+    reasons: list[str] = []
+    for row in rows:
+        values = dict(zip(columns, row))
+        # The pages view's descriptor columns are named as the descriptor's fields (docs/design.md section 3.9).
+        present = {name: values[name] for name in PageDescriptor.__struct_fields__ if values.get(name) is not None}
+        if "shape" in present:
+            present["shape"] = tuple(present["shape"])
+        fetched = PageDescriptor(**present)
+        consumer = KVConfig(**{name: values[f"c_{name}"] for name in KVConfig.__struct_fields__})
+        reasons += violations(fetched, PageDescriptor.from_config(consumer))
+    return dataclasses.replace(page, rule=", ".join(dict.fromkeys(reasons)) or None)

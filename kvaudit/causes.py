@@ -1,0 +1,36 @@
+"""What became of each page of a request's prompt, and why: `kvaudit explain`'s vocabulary.
+
+docs/design.md section 7 defines every cause, the order in which they are decided and
+what "present", "reachable" and "compatible" mean, once; `queries/explain.sql` decides
+them from the traces, and the simulator (`kvaudit.simulator.page_truth`) records them
+from the exact state of its caches, so that the two can be held equal.
+
+Standard library only: the simulator, a serving side, shares this package's top level.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class Cause(StrEnum):
+    """One page's fate at its request's lookup, in the order the causes are decided (docs/design.md section 7.2)."""
+
+    HIT_GPU = "hit_gpu"
+    HIT_LOCAL = "hit_local"
+    HIT_POOL = "hit_pool"
+    REJECTED = "rejected"
+    PREFIX_BROKEN = "prefix_broken"
+    ROUTED_AWAY = "routed_away"
+    INCOMPATIBLE_PRODUCER = "incompatible_producer"
+    EVICTED = "evicted"
+    STORED_AFTER_LOOKUP = "stored_after_lookup"
+    NEVER_STORED = "never_stored"
+
+    @property
+    def hit(self) -> bool:
+        return self in HITS
+
+
+HITS: Final = frozenset({Cause.HIT_GPU, Cause.HIT_LOCAL, Cause.HIT_POOL})

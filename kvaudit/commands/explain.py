@@ -1,0 +1,109 @@
+"""`kvaudit explain`: why a request missed, page by page (docs/design.md section 7).
+
+The causes come from `kvaudit.analyse.explain` (the named query `explain`). What the
+misses cost is the simulator's cost model (docs/boundaries.md): each missed page is
+prefilled after the tokens before it, on the model the replica declares
+(`kvaudit.kv.model`, when it names a preset) or the one `--model` gives, on `--gpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from kvaudit.causes import Cause
+from kvaudit.commands.arguments import (
+    TRACE_PATHS_HELP,
+    UsageError,
+    add_backend_option,
+    command_parser,
+    open_backend,
+    warn_backend_read_errors,
+)
+from kvaudit.simulator.hardware import GPUS, load_gpu
+from kvaudit.simulator.model import PRESETS, CostModel, ModelGeometry, load_model
+
+if TYPE_CHECKING:
+    from kvaudit.analyse.explain import Explanation
+    from kvaudit.backends import Backend
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = command_parser(
+        subparsers,
+        "explain",
+        "Why a request missed: every page of its prompt, in order, with what became of it and why "
+        f"({', '.join(Cause)}: docs/design.md section 7), and the reuse it could have had.",
+        "kvaudit explain traces/ chat-12-t3 --replica r2 --format json",
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=TRACE_PATHS_HELP)
+    parser.add_argument("request_id", metavar="REQUEST_ID", help="the engine's request id (kvaudit.request.id)")
+    parser.add_argument("--replica", help="the replica that served it, where several served a request of that id")
+    parser.add_argument("--trace-id", help="only the request with a span in this trace (hex)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="json: one object per page")
+    parser.add_argument(
+        "--model",
+        help=f"the model whose prefill the misses cost: a preset ({', '.join(PRESETS)}) or a geometry JSON file;"
+        " default: the preset the replica's resource names, if any",
+    )
+    parser.add_argument("--gpu", default="h100", help=f"a GPU profile ({', '.join(GPUS)}) or a profile JSON file")
+    add_backend_option(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # The analysis side loads only when the command runs (`kvaudit --help` loads no query engine).
+    from kvaudit.analyse.explain import explain
+    from kvaudit.present.explain import write_json, write_table
+
+    paths, request_id = args.paths, args.request_id
+    try:
+        gpu = load_gpu(args.gpu)
+        chosen = load_model(args.model) if args.model else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with open_backend(args.backend, paths) as backend:
+        warn_backend_read_errors(backend)
+        explanations = explain(backend, request_id, replica=args.replica, trace_id=args.trace_id)
+        if not explanations:
+            raise UsageError(f"request {request_id!r}: no lookup, fetch or store of it in these traces")
+        models = {e.replica: chosen or _declared_model(backend, e.replica) for e in explanations}
+    cost = CostModel(gpu=gpu)
+    for index, explanation in enumerate(explanations):
+        model = models[explanation.replica]
+        seconds = recompute_s(explanation, cost, model)
+        if args.format == "json":
+            write_json(explanation, seconds, sys.stdout)
+        else:
+            if index:
+                print()
+            write_table(explanation, seconds, _cost_note(model, cost), sys.stdout)
+    return 0
+
+
+def recompute_s(explanation: Explanation, cost: CostModel, model: ModelGeometry | None) -> list[float | None]:
+    """What prefilling each missed page costs after the tokens before it (None for hits, or with no model)."""
+    return [
+        None if model is None or page.cause.hit else cost.prefill_s(model, page.tokens, page.token_start)
+        for page in explanation.pages
+    ]
+
+
+def _declared_model(backend: Backend, replica: str) -> ModelGeometry | None:
+    """The preset the replica's resource names as its model, if it names one."""
+    _, rows = backend.query(
+        "SELECT DISTINCT model FROM replicas WHERE replica = getvariable('kvaudit_replica') AND model IS NOT NULL",
+        {"kvaudit_replica": replica},
+    )
+    names = {name for (name,) in rows}
+    return next((geometry for key, geometry in PRESETS.items() if names & {key, geometry.name}), None)
+
+
+def _cost_note(model: ModelGeometry | None, cost: CostModel) -> str:
+    if model is None:
+        return "recompute cost: the replica names no model preset (--model gives one)"
+    return (
+        f"recompute cost: {model.name} on {cost.gpu.name} at {cost.effective_flops / 1e12:.0f} TFLOP/s effective"
+        " (the simulator's cost model, docs/boundaries.md)"
+    )
