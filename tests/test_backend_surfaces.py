@@ -82,7 +82,7 @@ def _scrape(argv_paths: list[str], url: str | None) -> dict[tuple[str, tuple[tup
     backend.refresh(final=False)
     server, port = serve(backend, "127.0.0.1", 0)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as reply:
             return _samples(reply.read().decode())
     finally:
         server.shutdown()

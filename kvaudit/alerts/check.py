@@ -40,7 +40,7 @@ def check_files(paths: Iterable[str | Path], bounds: Bounds | None = None) -> li
     """
     groups, problems = read_rule_files(paths)
     with DuckDBBackend(TraceStore()) as backend:
-        prepare(backend)
+        prepare(backend, [rule.expr for group in groups for rule in group.rules])
         for group in groups:
             for rule in group.rules:
                 problems.extend(check_rule(backend, rule, bounds or Bounds()))

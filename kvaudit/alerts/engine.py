@@ -126,7 +126,8 @@ class RuleEngine:
     def _prepare(self, backend: Backend, findings: Sequence[Finding] | None) -> str | None:
         """Refresh the views rules read (`findings`, `query_*`); what went wrong, if it did."""
         try:
-            prepare(backend, skew_s=self.skew_s, findings=findings)
+            reads = [rule.expr for group in self.groups for rule in group.rules]
+            prepare(backend, reads, skew_s=self.skew_s, findings=findings)
         except BackendError as exc:
             return f"the views rules read could not be made: {exc}"
         except Exception as exc:  # the auditor's own failure must not stop alerting: every rule reports it

@@ -9,7 +9,9 @@
   and over last week's files.
 - Each named query of `queries/` and `queries/evictions/` as a temporary view
   `query_<name>` (`/` in a name becomes `_`: `queries/hit_rate.sql` is `query_hit_rate`).
-  The auditor's parts (`audit/`) and the TUI's (`tui/`) are not views.
+  The auditor's parts (`audit/`) and the TUI's (`tui/`) are not views. Only the views
+  the caller's SQL names are made: on ClickHouse, making one costs the analysis of its
+  whole query (seconds for the explain queries), every time the views are refreshed.
 
 Temporary objects live in the backend's session only, so this works over a read-only
 ingested database or a ClickHouse fed by the Collector, and never changes what they hold.
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 import pyarrow as pa
@@ -51,16 +54,20 @@ def view_name(query: str) -> str:
     return PREFIX + query.replace("/", "_")
 
 
-def prepare(backend: Backend, *, skew_s: float = 1.0, findings: Sequence[Finding] | None = None) -> None:
-    """Create (or refresh) the `findings` view and the named query views on the backend.
+def prepare(
+    backend: Backend, reads: Iterable[str], *, skew_s: float = 1.0, findings: Sequence[Finding] | None = None
+) -> None:
+    """Create (or refresh) the `findings` view and the named query views `reads` names on the backend.
 
     Args:
+        reads: the SQL the caller will run over these views (a rule's, a metric's).
         skew_s: clock skew the auditor allows between replicas.
         findings: the auditor's findings over these traces when the caller has them
             already (the TUI audits for its own panels); None runs the auditor.
     """
+    named = {name.lower() for name in re.findall(rf"\b{PREFIX}\w+", " ".join(reads), re.IGNORECASE)}
     for name in named_queries():
-        if name.startswith(_NOT_VIEWS):
+        if name.startswith(_NOT_VIEWS) or view_name(name) not in named:
             continue
         try:
             backend.temp_view(view_name(name), load(name).strip().rstrip(";"))
