@@ -82,6 +82,20 @@ def test_efficiency_rules_fire_after_their_for(trace_dir: Path, build: Callable[
     assert alert["severity"] == "warning" and alert["runbook"] and "{{" not in alert["summary"]
 
 
+@pytest.mark.parametrize(("router", "replicas"), [("round-robin", {"r1", "r2"}), ("session-affinity", set())])
+def test_reuse_lost_to_routing_fires_when_the_router_splits_sessions(tmp_path: Path, router: str, replicas: set[str]):
+    # Private pools and multi-turn chats only: a session's earlier turns sit in the pool of
+    # the replica that served them, which a session-splitting router sends the next turn past.
+    argv = ["simulate", "--out", str(tmp_path), "--private-pools", "--router", router, "--workload", "chat=1"]
+    assert main([*argv, "--duration", "300", "--seed", "3", "-q"]) == 0
+    assert "KVAuditReuseLostToRouting" not in _fired(tmp_path / "traces", after_s=599)  # pending for 10 minutes
+    alerts = _fired(tmp_path / "traces", after_s=600).get("KVAuditReuseLostToRouting", [])
+    assert {alert["replica"] for alert in alerts} == replicas
+    for alert in alerts:
+        assert alert["severity"] == "warning" and "of its prompt tokens that another replica held" in alert["summary"]
+        assert "`kvaudit explain TRACES REQUEST_ID`" in alert["runbook"]
+
+
 def test_eval_prints_firing_alerts_with_severity(trace_dir: Path, capsys: pytest.CaptureFixture[str]):
     alert_traces.used_malformed_page(trace_dir)
     assert main(["alerts", "eval", str(trace_dir), "--format", "json"]) == 1  # firing: the gate fails

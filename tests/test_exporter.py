@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
+from kvaudit.causes import Cause
 from kvaudit.commands.metrics_server import serve
 from kvaudit.present.metrics import prometheus_name
 from kvaudit.read.store import TraceStore
+from kvaudit.simulator.engine import GIB, SimConfig, simulate
+from kvaudit.simulator.stats import summarise_by
 
 from . import alert_traces
 
@@ -50,6 +55,32 @@ def test_scraped_over_http_and_updated_as_files_grow(trace_dir: Path):
     assert metrics["kvaudit_trace_read_errors"][()] == 0
     findings = metrics["kvaudit_audit_findings"]
     assert findings[(("code", "KVA001"), ("rule", "incomplete-metadata"), ("severity", "critical"))] == 1
+
+
+def test_reuse_left_per_replica_is_the_simulators(tmp_path: Path):
+    # Small private pools: pages are evicted, and held where the other replica cannot reach them.
+    config = SimConfig(duration_s=90, rate=0.5, seed=3, shared=False, pool_bytes=16 * GIB)
+    result = simulate(config, tmp_path)
+    server, port = serve(DuckDBBackend(TraceStore(result.files)), "127.0.0.1", 0)
+    try:
+        metrics = _scrape(port)
+    finally:
+        server.shutdown()
+    summaries = {s.group: s for s in summarise_by(result.requests, lambda r: r.replica)}
+    prompt = Counter()
+    for request in result.requests:
+        prompt[request.replica] += request.tokens
+    missed = Counter((p.replica, p.cause.value) for p in result.pages if not p.cause.hit)
+    for replica in ("r1", "r2"):
+        labels = (("replica", replica),)
+        assert metrics["kvaudit_reuse_prompt_tokens_total"][labels] == prompt[replica]
+        assert metrics["kvaudit_reuse_hit_ratio"][labels] == pytest.approx(summaries[replica].hit)
+        assert metrics["kvaudit_reuse_achievable_ratio"][labels] == pytest.approx(summaries[replica].achievable)
+        for cause in (c for c in Cause if not c.hit):
+            tokens = metrics["kvaudit_reuse_missed_tokens_total"][(("cause", cause.value), *labels)]
+            assert tokens == missed[replica, cause.value] * config.page_tokens
+    assert {cause for (_, cause), pages in missed.items() if pages} >= {"routed_away", "evicted", "never_stored"}
+    assert summaries["all"].achievable > summaries["all"].hit
 
 
 def test_names_are_translated_the_prometheus_way():

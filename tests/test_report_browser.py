@@ -22,7 +22,7 @@ from .chromium import Browser, chromium, needs_chromium
 
 pytestmark = needs_chromium
 
-CHARTS = 5
+CHARTS = 6
 # A4 landscape less the report's 12 mm print margins, in CSS pixels (96 per inch).
 PRINT_WIDTH = round((297 - 2 * 12) / 25.4 * 96)
 

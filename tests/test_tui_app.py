@@ -11,8 +11,11 @@ import pytest
 from msgspec.structs import replace
 
 from kvaudit.read.store import TraceStore
+from kvaudit.simulator.engine import GIB, SimConfig, simulate
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.screens.drill import DrillScreen
+from kvaudit.tui.screens.explain import ExplainScreen
+from kvaudit.tui.screens.lost_requests import LostRequestsScreen
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
 from kvaudit.tui.widgets.replica_table import ReplicaTable
@@ -102,6 +105,48 @@ def test_critical_finding_shows_and_drills_down(fleet: Fleet, trace_dir: Path):
 
             await pilot.press("escape")
             await until(lambda: not isinstance(app.screen, DrillScreen))
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_drills_down_to_its_worst_requests_and_one_requests_explain(tmp_path: Path):
+    # Small private pools split by round-robin routing: requests lose reuse to routing and eviction.
+    config = SimConfig(duration_s=60, rate=0.5, seed=3, shared=False, pool_bytes=16 * GIB)
+    result = simulate(config, tmp_path / "sim")
+    r1 = [r for r in result.requests if r.replica == "r1"]
+    most_lost = max(r.achievable_tokens - r.used_tokens for r in r1)
+    assert most_lost > 0
+
+    async def scenario() -> None:
+        app = live_app(result.files[0].parent, None)
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(lambda: replicas_shown(app) == ["r1", "r2"])
+            replicas = app.query_one(ReplicaTable)
+            replicas.focus()
+            replicas.move_cursor(row=0)
+            await pilot.press("enter")
+            await until(lambda: isinstance(app.screen, LostRequestsScreen))
+            requests = app.screen.query_one("DataTable")
+            await until(lambda: requests.row_count > 0)
+            assert requests.row_count == len(r1)  # fewer than the screen's 100
+            worst = str(requests.get_row_at(0)[0])
+            [record] = [r for r in r1 if r.request_id == worst]
+            assert record.achievable_tokens - record.used_tokens == most_lost
+            assert str(requests.get_row_at(0)[1]) == str(most_lost)
+
+            await pilot.press("enter")
+            await until(lambda: isinstance(app.screen, ExplainScreen))
+            pages = app.screen.query_one("DataTable")
+            await until(lambda: pages.row_count > 0)
+            truth = [p.cause.value for p in result.pages if p.request_id == worst]
+            assert [str(pages.get_row_at(i)[2]) for i in range(pages.row_count)] == truth
+            shown = app.export_screenshot().replace("&#160;", " ")
+            assert "left on the table" in shown and f"explain {worst} on r1" in shown
+
+            await pilot.press("escape")
+            await until(lambda: isinstance(app.screen, LostRequestsScreen))
+            await pilot.press("escape")
+            await until(lambda: app.screen is app.main)
 
     asyncio.run(scenario())
 

@@ -13,12 +13,14 @@ from dataclasses import replace
 from typing import Any, Final
 
 from kvaudit.analyse.audit import Finding
+from kvaudit.analyse.explain import Explanation, explain
 from kvaudit.backends import Source, as_backend
 from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
 from kvaudit.tui.figures import Analysis, Figures, compute_figures
 from kvaudit.tui.findings import Auditor, FindingRow, finding_rows, span_times
 from kvaudit.tui.producers import ProducerIndex
+from kvaudit.tui.reuse_left import LostRequest, lost_requests
 from kvaudit.tui.window import Window
 
 NO_AUDITOR: Final = "not audited: the auditor is off"
@@ -158,6 +160,17 @@ class LiveSource:
         """The fetched and stored descriptors behind a finding."""
         with self._lock:
             return descriptor_pair(self.backend, finding, skew_s=self._skew_s)
+
+    def lost_requests(self, replica: str) -> list[LostRequest]:
+        """The requests of `replica` that left the most reuse on the table."""
+        with self._lock:
+            return lost_requests(self.backend, replica)
+
+    def explanation(self, replica: str, request_id: str) -> Explanation | None:
+        """`kvaudit explain` of one request on `replica` (None: no such request in the traces)."""
+        with self._lock:
+            found = explain(self.backend, request_id, replica=replica)
+        return found[0] if found else None
 
     def close(self) -> None:
         """Stop an audit in flight (it would hold the connections open), then close both connections."""

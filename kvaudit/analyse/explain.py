@@ -4,12 +4,15 @@
 adds each page's last eviction); this module runs it for one request and adds what SQL
 does not hold: for a page the guard refused, the rule it
 broke, from `kvaudit.guard` itself (the checks the hooks ran), given the fetched
-descriptor and the consumer's configuration.
+descriptor and the consumer's configuration. The words a page and a request are told in
+(where a copy sat, its last eviction, the rates) are here too, for `kvaudit explain` and
+the TUI alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Final
@@ -17,9 +20,10 @@ from typing import Final
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Backend, Source, as_backend
 from kvaudit.causes import Cause
-from kvaudit.contract import KVConfig, PageDescriptor
+from kvaudit.contract import KVConfig, PageDescriptor, Tier
 from kvaudit.guard import violations
 
+NS: Final = 1_000_000_000
 QUERY: Final = "explain_evictions"  # explain's pages, each with its last eviction
 # The fetched descriptor of a refused page, and the configuration of the process that fetched it.
 _REFUSED: Final = """
@@ -63,6 +67,34 @@ class ExplainedPage:
     def tokens(self) -> int:
         return self.token_end - self.token_start
 
+    @property
+    def where(self) -> str:
+        """The store of the copy its cause is about: `remote`, or `cpu of r2`."""
+        return _where(self.tier, self.holder)
+
+    def eviction(self) -> str:
+        """Its last eviction up to the lookup, in words, with its time from the lookup ("" without one)."""
+        if self.evicted_ns is None:
+            return ""
+        # A shared store's eviction is made by whichever replica's store needed the room.
+        shared = self.evicted_tier == Tier.REMOTE.value
+        where = self.evicted_tier if shared else _where(self.evicted_tier, self.evicted_replica)
+        when = self.since_lookup(self.evicted_ns)
+        text = f"{self.evict_reason or 'evicted'} from {where} ({self.evicted_backend}) {when}"
+        if self.evicted_by:
+            text += (
+                f", for {self.evicted_replica}'s request {self.evicted_by}"
+                if shared
+                else f", for request {self.evicted_by}"
+            )
+        elif shared and self.evicted_replica:
+            text += f", by {self.evicted_replica}"
+        return text
+
+    def since_lookup(self, time_ns: int | None) -> str:
+        """A time as seconds from the request's lookup: negative before it ("" for None)."""
+        return "" if time_ns is None else f"{(time_ns - self.lookup_ns) / NS:+.3f} s"
+
 
 @dataclass(frozen=True)
 class Explanation:
@@ -87,6 +119,30 @@ class Explanation:
         for page in self.pages:
             tokens[page.cause] += page.tokens
         return tokens
+
+    @property
+    def looked_up_at(self) -> str:
+        """The lookup's time, ISO 8601 in UTC to the millisecond."""
+        return dt.datetime.fromtimestamp(self.lookup_ns / NS, dt.UTC).isoformat(timespec="milliseconds")
+
+    def rates(self) -> str:
+        """The hit rate beside the achievable one, in words."""
+        prompt = self.prompt_tokens or sum(page.tokens for page in self.pages)
+        hit, achievable = self.hit_tokens, self.achievable_tokens
+        return (
+            f"hit {hit:,} of {prompt:,} prompt tokens ({_share(hit, prompt)}); achievable {achievable:,}"
+            f" ({_share(achievable, prompt)}): {_share(achievable - hit, prompt)} left on the table"
+        )
+
+
+def _where(tier: str | None, holder: str | None) -> str:
+    if tier is None:
+        return ""
+    return tier if holder is None else f"{tier} of {holder}"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
 _COLUMNS: Final = tuple(f.name for f in fields(ExplainedPage) if f.name != "rule")

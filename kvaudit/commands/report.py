@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "report",
-        "The whole picture of traces: audit findings, reuse, hit rates, transfer overhead and pool capacity. "
+        "The whole picture of traces: audit findings, reuse, hit rates, the reuse left on the table, "
+        "transfer overhead and pool capacity. "
         "Exit status as for `kvaudit audit`.",
         "kvaudit report traces/ --html report.html",
     )
@@ -25,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="table: for a terminal, findings' fields named; json: one document with every column and field",
     )
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
-    parser.add_argument("--bucket", type=duration, default=60.0, help="hit-rate time bucket (default 60s)")
+    parser.add_argument(
+        "--bucket", type=duration, default=60.0, help="time bucket of the hit rates and the reuse left (default 60s)"
+    )
     parser.add_argument(
         "--sample-rate",
         type=float,

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend
+from kvaudit.causes import Cause
 
 # UCUM units as OpenTelemetry's Prometheus translation spells them.
 _UNIT_WORDS: Final = {"By": "bytes", "s": "seconds", "ms": "milliseconds", "1": "ratio"}
@@ -75,6 +76,26 @@ CROSS_TOKENS: Final = _Spec(
 PAGES: Final = _Spec("kvaudit.pages", "{page}", "counter", "Page descriptors in the traces, by operation")
 READ_ERRORS: Final = _Spec("kvaudit.trace.read_errors", "{line}", "gauge", "Unreadable trace file lines")
 FINDINGS: Final = _Spec("kvaudit.audit.findings", "{finding}", "gauge", "Audit findings (kvaudit audit), by rule")
+PROMPT_TOKENS: Final = _Spec(
+    "kvaudit.reuse.prompt.tokens",
+    "{token}",
+    "counter",
+    "Prompt tokens of the requests looked up (queries/reuse_left.sql)",
+)
+REUSE_HIT_TOKENS: Final = _Spec("kvaudit.reuse.hit.tokens", "{token}", "counter", "Prompt tokens reused (hits)")
+ACHIEVABLE_TOKENS: Final = _Spec(
+    "kvaudit.reuse.achievable.tokens",
+    "{token}",
+    "counter",
+    "Prompt tokens of the longest prefix a compatible copy of existed anywhere in the fleet at each lookup",
+)
+MISSED_TOKENS: Final = _Spec(
+    "kvaudit.reuse.missed.tokens", "{token}", "counter", "Prompt tokens of missed pages, by cause (kvaudit explain)"
+)
+REUSE_HIT: Final = _Spec("kvaudit.reuse.hit", "1", "gauge", "Hit tokens / prompt tokens")
+REUSE_ACHIEVABLE: Final = _Spec(
+    "kvaudit.reuse.achievable", "1", "gauge", "Achievable tokens / prompt tokens: the hit rate the fleet could have had"
+)
 
 _BUCKET_COLUMNS: Final = ", ".join(f"count(*) FILTER (WHERE duration_ms <= {b * 1000})" for b in LATENCY_BUCKETS_S)
 _FETCH_SPANS: Final = f"""
@@ -86,6 +107,13 @@ _CROSS_REPLICA: Final = """
     SELECT consumer, producer, sum(tokens) FROM query_cross_replica_reuse WHERE crossed GROUP BY ALL ORDER BY ALL"""
 _FINDINGS: Final = "SELECT code, rule, severity, count(*) FROM findings GROUP BY ALL ORDER BY ALL"
 _PAGES: Final = "SELECT replica, op, count(*) FROM pages WHERE op IS NOT NULL GROUP BY ALL ORDER BY ALL"
+_MISSES: Final = tuple(cause for cause in Cause if not cause.hit)
+# A request whose spans name no tokens requested has no prompt tokens: NULL, counted as none.
+_REUSE_COLUMNS: Final = ("prompt_tokens", "hit_tokens", "achievable_tokens", *(cause.value for cause in _MISSES))
+# The named query `reuse_left` (a view, see `derived_views`) per replica over all its time buckets.
+_REUSE_LEFT: Final = f"""
+    SELECT replica, {", ".join(f"coalesce(sum({column}), 0)" for column in _REUSE_COLUMNS)}
+    FROM query_reuse_left GROUP BY replica ORDER BY replica"""
 
 
 class TraceMetrics(Collector):
@@ -111,6 +139,7 @@ class TraceMetrics(Collector):
             yield self._family(PAGES, ["replica", "op"], _PAGES)
             yield self._family(READ_ERRORS, [], "SELECT count(*) FROM read_errors")
             yield self._family(FINDINGS, ["code", "rule", "severity"], _FINDINGS)
+            yield from self._reuse_families()
 
     def _fetch_families(self) -> Iterator[Metric]:
         requested = CounterMetricFamily(TOKENS_REQUESTED.prometheus, TOKENS_REQUESTED.help, labels=["replica"])
@@ -127,6 +156,24 @@ class TraceMetrics(Collector):
             bounds = [(repr(b), n) for b, n in zip(LATENCY_BUCKETS_S, buckets)] + [("+Inf", count)]
             duration.add_metric([replica], bounds, seconds)
         yield from (requested, hit, ratio, size, duration)
+
+    def _reuse_families(self) -> Iterator[Metric]:
+        prompt = CounterMetricFamily(PROMPT_TOKENS.prometheus, PROMPT_TOKENS.help, labels=["replica"])
+        hit = CounterMetricFamily(REUSE_HIT_TOKENS.prometheus, REUSE_HIT_TOKENS.help, labels=["replica"])
+        achievable = CounterMetricFamily(ACHIEVABLE_TOKENS.prometheus, ACHIEVABLE_TOKENS.help, labels=["replica"])
+        missed = CounterMetricFamily(MISSED_TOKENS.prometheus, MISSED_TOKENS.help, labels=["replica", "cause"])
+        hit_ratio = GaugeMetricFamily(REUSE_HIT.prometheus, REUSE_HIT.help, labels=["replica"])
+        achievable_ratio = GaugeMetricFamily(REUSE_ACHIEVABLE.prometheus, REUSE_ACHIEVABLE.help, labels=["replica"])
+        for replica, prompt_tokens, hit_tokens, achievable_tokens, *per_cause in self.backend.query(_REUSE_LEFT)[1]:
+            prompt.add_metric([replica], prompt_tokens)
+            hit.add_metric([replica], hit_tokens)
+            achievable.add_metric([replica], achievable_tokens)
+            for cause, tokens in zip(_MISSES, per_cause):
+                missed.add_metric([replica, cause.value], tokens)
+            if prompt_tokens:
+                hit_ratio.add_metric([replica], hit_tokens / prompt_tokens)
+                achievable_ratio.add_metric([replica], achievable_tokens / prompt_tokens)
+        yield from (prompt, hit, achievable, missed, hit_ratio, achievable_ratio)
 
     def _family(self, spec: _Spec, labels: list[str], query: str) -> Metric:
         family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily

@@ -1,4 +1,4 @@
-"""The whole picture of a set of traces: findings, reuse, hit rates, overhead, capacity.
+"""The whole picture of a set of traces: findings, reuse, hit rates, reuse left, overhead, capacity.
 
 `gather` runs the auditor, the named queries and the capacity curve once; the terminal
 (`print_report`) and HTML (`kvaudit.present.report_html`) renderings only lay the results
@@ -18,6 +18,7 @@ from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.analyse.capacity import CapacityCurve, capacity_curve
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Source
+from kvaudit.causes import Cause
 from kvaudit.present.findings import write_table
 from kvaudit.present.rows import write_rows
 from kvaudit.present.terminal import console as terminal_console
@@ -29,6 +30,7 @@ SECTIONS: Final = {
     "reuse": "Reuse: reuse time, wasted stores, evictions",
     "prefix_locality": "Prefix locality per request",
     "hit_rate": "Hit rates",
+    "reuse_left": "Reuse left on the table: achievable hit rate, misses by cause",
     "transfer_overhead": "Transfer overhead",
     "latency_histogram": "Latency distribution",
 }
@@ -47,6 +49,7 @@ TERMINAL_COLUMNS: Final = {
     ],
     "prefix_locality": ["requests", "locality_p10", "locality_p50", "locality_p90", "reusable_tokens", "hit_tokens"],
     "hit_rate": ["replica", "hook", "op", "operations", "tokens_requested", "tokens_hit", "hit_rate"],
+    "reuse_left": ["replica", "requests", "prompt_tokens", "hit_rate", "achievable_rate", "lost_rate"],
     "transfer_overhead": [
         "replica",
         "op",
@@ -61,6 +64,7 @@ TERMINAL_COLUMNS: Final = {
 # A bucket longer than any trace: the terminal shows one total per replica and layer.
 WHOLE_TRACE_S: Final = 4e9  # ~127 years, and still within int64 nanoseconds
 CAPACITY_POINTS: Final = 64
+MISSES: Final = tuple(cause.value for cause in Cause if not cause.hit)  # reuse_left's columns of missed tokens
 
 
 @dataclass
@@ -175,11 +179,16 @@ def print_report(report: Report, stream: TextIO) -> None:
         table = report.hit_rate_totals if name == "hit_rate" else report.tables[name]
         if name == "prefix_locality":
             table = _locality_summary(report.tables[name])
+        if name == "reuse_left":
+            table = reuse_left_by_replica(report.tables[name])
         if table is None:
             continue
         console.rule(f"[bold]{SECTIONS[name]}")
         rows = [tuple(r.get(c) for c in columns) for r in table.records()]
         write_rows(_headers(columns), rows, stream=stream)
+        if name == "reuse_left":
+            misses = misses_by_cause(table)
+            write_rows(_headers(misses.columns), misses.rows, stream=stream)
     if report.capacity is not None:
         curve = report.capacity
         console.rule("[bold]Pool capacity")
@@ -228,3 +237,32 @@ def _locality_summary(table: Table) -> Table:
         ["requests", "locality_p10", "locality_p50", "locality_p90", "reusable_tokens", "hit_tokens"],
         [(len(records), *map(float, quantiles), reusable, hit)],
     )
+
+
+def reuse_left_by_replica(table: Table) -> Table:
+    """`reuse_left`'s time buckets summed per replica: tokens, hit and achievable rates, missed tokens per cause."""
+    summed = ("requests", "prompt_tokens", "hit_tokens", "achievable_tokens", *MISSES)
+    totals: dict[str, dict[str, int]] = {}
+    for record in table.records():
+        total = totals.setdefault(record["replica"], dict.fromkeys(summed, 0))
+        for column in summed:
+            total[column] += record[column] or 0
+    rows = []
+    for replica, total in sorted(totals.items()):
+        prompt = total["prompt_tokens"]
+        hit = total["hit_tokens"] / prompt if prompt else None
+        achievable = total["achievable_tokens"] / prompt if prompt else None
+        lost = None if hit is None or achievable is None else achievable - hit
+        rows.append((replica, *total.values(), hit, achievable, lost))
+    return Table(["replica", *summed, "hit_rate", "achievable_rate", "lost_rate"], rows)
+
+
+def misses_by_cause(by_replica: Table) -> Table:
+    """Per replica, each cause that kept prompt tokens from reuse: its tokens, and their share of the prompt tokens."""
+    rows = [
+        (r["replica"], cause, r[cause], r[cause] / r["prompt_tokens"] if r["prompt_tokens"] else None)
+        for r in by_replica.records()
+        for cause in MISSES
+        if r[cause]
+    ]
+    return Table(["replica", "cause", "missed_tokens", "prompt_share"], rows)

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from kvaudit.present.report import Report, Table, capacity_points, headline
+from kvaudit.present.report import MISSES, Report, Table, capacity_points, headline, reuse_left_by_replica
 from kvaudit.present.units import column_header, column_value, count
 
 FINDINGS_SHOWN: Final = 100
@@ -41,6 +41,10 @@ def write_html(report: Report, path: str | Path, *, title: str = "kvaudit report
         _figure("Pool capacity: hit rate against pool size", _capacity_figure(report)),
         _figure("Cross-replica reuse: tokens fetched, producer → consumer", _matrix_figure(report)),
         _figure("Hit rate over time", _hit_rate_figure(report.tables["hit_rate"])),
+        _figure(
+            "Reuse left on the table: the hit rate against the achievable one, misses by cause",
+            _reuse_left_figure(report.tables["reuse_left"]),
+        ),
         _figure("Latency distribution of fetches and stores", _latency_figure(report.tables["latency_histogram"])),
         _figure("Prefix locality: reusable share of each prompt", _locality_figure(report.tables["prefix_locality"])),
         _table("Transfer overhead", report.tables["transfer_overhead"]),
@@ -199,6 +203,62 @@ def _hit_rate_figure(table: Table) -> go.Figure | None:
     return figure
 
 
+def _reuse_left_figure(table: Table) -> go.Figure | None:
+    """Above, each replica's hit rate and achievable hit rate over time (docs/design.md section 7.3); below,
+    its prompt tokens split into the reused ones and the missed ones by cause (section 7.2)."""
+    records = [r for r in table.records() if r["prompt_tokens"]]
+    if not records:
+        return None
+    totals = [r for r in reuse_left_by_replica(table).records() if r["prompt_tokens"]]
+    replicas = [r["replica"] for r in totals]
+    figure = make_subplots(
+        rows=2,
+        cols=1,
+        vertical_spacing=0.16,
+        subplot_titles=[
+            "hit rate (solid) and achievable hit rate (dotted)",
+            "prompt tokens: reused, and missed by cause",
+        ],
+    )
+    for replica, color in zip(replicas, _colors(len(replicas))):
+        points = [r for r in records if r["replica"] == replica]
+        for column, name, dash in (("hit_rate", "hit", "solid"), ("achievable_rate", "achievable", "dot")):
+            figure.add_trace(
+                go.Scatter(
+                    x=[p["bucket_start"] for p in points],
+                    y=[p[column] for p in points],
+                    mode="lines+markers",
+                    name=_label(f"{replica} {name}"),
+                    line={"color": color, "dash": dash},
+                    customdata=[[p["requests"], p["prompt_tokens"]] for p in points],
+                    hovertemplate=f"{name}: %{{y:.1%}} of %{{customdata[1]:,}} prompt tokens"
+                    " (%{customdata[0]:,} requests)<extra>%{fullData.name}</extra>",
+                ),
+                row=1,
+                col=1,
+            )
+    parts = [("hit_tokens", "reused")] + [(cause, cause) for cause in MISSES if any(r[cause] for r in totals)]
+    for column, name in parts:
+        figure.add_trace(
+            go.Bar(
+                x=[_label(replica) for replica in replicas],
+                y=[r[column] / r["prompt_tokens"] for r in totals],
+                customdata=[r[column] for r in totals],
+                name=name,
+                marker_color=_PART_COLORS[column],
+                hovertemplate=f"{name}: %{{y:.1%}} of the prompt tokens (%{{customdata:,}})<extra>%{{x}}</extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    figure.update_yaxes(title_text="tokens / prompt tokens", range=[0, 1.05], tickformat=".0%", row=1, col=1)
+    figure.update_yaxes(title_text="share of prompt tokens", range=[0, 1.05], tickformat=".0%", row=2, col=1)
+    figure.update_xaxes(title_text="time (UTC)", row=1, col=1)
+    figure.update_xaxes(type="category", title_text="replica", row=2, col=1)
+    figure.update_layout(barmode="stack", height=760)
+    return figure
+
+
 def _latency_figure(table: Table) -> go.Figure | None:
     """Bars over power-of-two buckets, every bucket between the fastest and the slowest shown (empty ones too)."""
     records = table.records()
@@ -282,6 +342,15 @@ def _panels(ops: list[str]) -> go.Figure:
 def _label(text: object) -> str:
     """A value from the traces as plotly text: escaped, so plotly's few HTML tags show as written."""
     return html.escape(str(text))
+
+
+# Reused tokens in green, each cause of a miss in a colour of its own, the same in every report.
+_PART_COLORS: Final = dict(
+    zip(
+        ("hit_tokens", *MISSES),
+        ("#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#7f7f7f", "#bcbd22", "#17becf"),
+    )
+)
 
 
 def _colors(n: int) -> list[str]:

@@ -56,6 +56,7 @@ class Rows(Protocol):
 # command-line tool); 1.4 (DuckDB's long-term release) and every newer one read this.
 INGESTED_STORAGE: Final = "v1.4.0"
 
+
 class TraceStore:
     """Trace files as DuckDB views, read as they grow.
 

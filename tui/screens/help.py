@@ -17,7 +17,11 @@ KEYS: Final = (
     ("s", "sort the focused table by its next column"),
     ("c", "the focused table's every column (a narrow terminal shows the important ones)"),
     ("z", "zoom the focused panel to the whole screen, and back"),
-    ("enter", "open a finding: fetched descriptor beside the stored one"),
+    (
+        "enter",
+        "open a finding (its fetched descriptor beside the stored one), a replica (the requests"
+        " that left the most reuse on the table), or one such request (its explain)",
+    ),
     ("escape", "back"),
     ("1 2 3 4", "window: last minute, 5 minutes, hour, everything (every panel answers for it)"),
     ("tab", "next panel"),

@@ -8,7 +8,9 @@ a count not yet known is never shown as 0.
 
 The layout is for any terminal from 80x24 up: the tables show their most important
 columns first (`c` shows the rest), a short terminal gives the findings the height it
-can, and `z` zooms the focused panel to the whole screen.
+can, and `z` zooms the focused panel to the whole screen. Enter on a finding opens its
+descriptors (`screens.drill`), on a replica the requests that left the most reuse on the
+table (`screens.lost_requests`), and from there one request's explain (`screens.explain`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kvaudit.safe_text import visible
 from kvaudit.tui.figures import Figures
 from kvaudit.tui.filtering import Filter
 from kvaudit.tui.screens.drill import DrillScreen
+from kvaudit.tui.screens.lost_requests import LostRequestsScreen
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.widgets.alerts_panel import AlertsPanel
 from kvaudit.tui.widgets.findings_table import FindingsTable
@@ -237,8 +240,13 @@ class MainScreen(Screen[None]):
         self.query_one(FindingsTable).focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if not isinstance(event.data_table, FindingsTable):
-            return
-        finding = event.data_table.item_at_cursor()
-        if finding is not None:
-            self.app.push_screen(DrillScreen(finding, self.source.descriptors))
+        if isinstance(event.data_table, FindingsTable):
+            finding = event.data_table.item_at_cursor()
+            if finding is not None:
+                self.app.push_screen(DrillScreen(finding, self.source.descriptors))
+        elif isinstance(event.data_table, ReplicaTable):
+            replica = event.data_table.item_at_cursor()
+            if replica is not None:
+                self.app.push_screen(
+                    LostRequestsScreen(replica.replica, self.source.lost_requests, self.source.explanation)
+                )

@@ -1,0 +1,81 @@
+"""Enter on a replica: its requests that left the most reuse on the table; enter on one opens its explain."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar, Final
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer
+
+from kvaudit.analyse.explain import Explanation
+from kvaudit.tui import cells
+from kvaudit.tui.reuse_left import SHOWN, LostRequest
+from kvaudit.tui.screens.explain import ExplainScreen
+
+COLUMNS: Final = ("request", "lost tok", "hit tok", "achievable tok", "prompt tok", "lost most to")
+
+
+class LostRequestsScreen(Screen[None]):
+    DEFAULT_CSS = """
+    LostRequestsScreen #requests { height: 1fr; border: round $accent; }
+    LostRequestsScreen DataTable { height: 1fr; }
+    """
+    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(
+        self,
+        replica: str,
+        load: Callable[[str], list[LostRequest]],
+        explain: Callable[[str, str], Explanation | None],
+    ) -> None:
+        super().__init__()
+        self.replica = replica
+        self._load = load
+        self._explain = explain
+        self._requests: list[LostRequest] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="requests") as box:
+            box.border_title = Text.assemble("requests of ", cells.plain(self.replica), " · reuse left on the table")
+            box.border_subtitle = "loading…"
+            yield DataTable(cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns(*COLUMNS)
+        table.focus()
+        self._fetch()
+
+    @work(thread=True, exit_on_error=False)
+    def _fetch(self) -> None:
+        requests = self._load(self.replica)
+        self.app.call_from_thread(self._show, requests)
+
+    def _show(self, requests: list[LostRequest]) -> None:
+        self._requests = requests
+        table = self.query_one(DataTable)
+        for request in requests:
+            table.add_row(
+                cells.plain(request.request_id),
+                cells.count(request.lost_tokens),
+                cells.count(request.hit_tokens),
+                cells.count(request.achievable_tokens),
+                cells.plain(request.prompt_tokens),
+                cells.plain(request.main_cause, style="yellow"),
+            )
+        subtitle = f"the {SHOWN} that lost most, of all traces" if len(requests) == SHOWN else "all traces"
+        self.query_one("#requests", Vertical).border_subtitle = (
+            f"{subtitle} · enter: explain" if requests else "no request of this replica was looked up"
+        )
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if 0 <= event.cursor_row < len(self._requests):
+            request = self._requests[event.cursor_row]
+            self.app.push_screen(ExplainScreen(self.replica, request.request_id, self._explain))
