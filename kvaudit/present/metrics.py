@@ -133,7 +133,7 @@ class TraceMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             self.backend.refresh(final=False)
-            prepare(self.backend, [_CROSS_REPLICA], skew_s=self._skew_s)
+            prepare(self.backend, [_CROSS_REPLICA, _REUSE_LEFT], skew_s=self._skew_s)
             yield from self._fetch_families()
             yield self._family(CROSS_TOKENS, ["replica", "producer"], _CROSS_REPLICA)
             yield self._family(PAGES, ["replica", "op"], _PAGES)
