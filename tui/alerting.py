@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvaudit.alerts.bounds import DEFAULT_TIMEOUT_S, Bounds
 from kvaudit.alerts.engine import RuleEngine
 from kvaudit.alerts.rules import load_default_pack, load_rules
 from kvaudit.analyse.audit import Finding
@@ -60,12 +61,16 @@ class RuleAlerting:
         return alert_rows(self.engine.evaluate(backend, findings=findings))
 
 
-def rule_alerting(rules: str | None, *, skew_s: float = 1.0) -> RuleAlerting:
+def rule_alerting(rules: str | None, *, skew_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> RuleAlerting:
     """The engine of `kvaudit.alerts` over a rule file, or over the default pack when `rules` is None.
+
+    Args:
+        timeout_s: how long each rule's query may run (as `kvaudit alerts eval --rule-timeout`).
 
     Raises:
         ValueError: the rule file is invalid (the engine says where).
     """
+    bounds = Bounds(timeout_s=timeout_s)
     if rules is None:
-        return RuleAlerting(DEFAULT_PACK, RuleEngine(load_default_pack(), skew_s=skew_s))
-    return RuleAlerting(rules, RuleEngine(load_rules([rules]), skew_s=skew_s))
+        return RuleAlerting(DEFAULT_PACK, RuleEngine(load_default_pack(), skew_s=skew_s, bounds=bounds))
+    return RuleAlerting(rules, RuleEngine(load_rules([rules]), skew_s=skew_s, bounds=bounds))

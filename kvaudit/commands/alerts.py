@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
-from kvaudit.alerts.bounds import DEFAULT_LIMIT, DEFAULT_TIMEOUT_S, Bounds
+from kvaudit.alerts.bounds import DEFAULT_LIMIT, Bounds
 from kvaudit.alerts.instances import AlertInstance, AlertState
 from kvaudit.alerts.labels import NAME
 from kvaudit.alerts.payloads import DEFAULT_GROUP_BY, GroupBy
@@ -28,10 +28,12 @@ from kvaudit.commands.arguments import (
     UsageError,
     add_input_arguments,
     add_output_arguments,
+    add_rule_timeout_option,
     command_parser,
     duration,
     open_backend,
     row_limit,
+    rule_timeout,
     warn_backend_read_errors,
 )
 from kvaudit.commands.exit_status import ExitStatus
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check", help="validate rule files without running anything but queries over no traces: exit 1 if any problem"
     )
     check.add_argument("rules", nargs="+", metavar="RULES", help="rule files")
-    _add_timeout(check)
+    add_rule_timeout_option(check)
     check.set_defaults(run=run_check)
 
     evaluate = actions.add_parser(
@@ -115,21 +117,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     default.set_defaults(run=run_default_rules)
 
 
-def _add_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--rule-timeout",
-        type=duration,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"stop a rule's query after this long: the rule fails, the others go on (default {DEFAULT_TIMEOUT_S:g}s)",
-    )
-
-
 def _add_common(parser: argparse.ArgumentParser, *, fail_on: str) -> None:
     add_input_arguments(parser)
     parser.add_argument(
         "--rules", action="append", metavar="RULES", help="rule file; repeatable (default: the default pack)"
     )
-    _add_timeout(parser)
+    add_rule_timeout_option(parser)
     parser.add_argument(
         "--rule-limit",
         type=int,
@@ -171,11 +164,9 @@ def _groups(rules: Sequence[str] | None) -> list[Group]:
 
 
 def _bounds(args: argparse.Namespace) -> Bounds:
-    if args.rule_timeout <= 0:
-        raise UsageError("--rule-timeout must be longer than 0s")
     if args.rule_limit < 1:
         raise UsageError("--rule-limit must be 1 or more")
-    return Bounds(args.rule_timeout, args.rule_limit)
+    return Bounds(rule_timeout(args), args.rule_limit)
 
 
 def run_default_rules(args: argparse.Namespace) -> int:
@@ -188,9 +179,7 @@ def run_default_rules(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from kvaudit.alerts.check import check_files
 
-    if args.rule_timeout <= 0:
-        raise UsageError("--rule-timeout must be longer than 0s")
-    problems = check_files(args.rules, Bounds(timeout_s=args.rule_timeout))
+    problems = check_files(args.rules, Bounds(timeout_s=rule_timeout(args)))
     for problem in problems:
         print(visible(str(problem)))
     if problems:

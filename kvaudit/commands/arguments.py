@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvaudit.alerts.bounds import DEFAULT_TIMEOUT_S
 from kvaudit.durations import parse_duration
 from kvaudit.present.formats import FORMATS, TABLE_ROWS
 
@@ -79,6 +80,27 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, paths_help: str = TR
 
 def add_skew_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skew", type=duration, default=1.0, help="clock skew allowed between replicas (default 1s)")
+
+
+def add_rule_timeout_option(parser: argparse.ArgumentParser) -> None:
+    """Add `--rule-timeout` (how long an alert rule's query may run) to a parser of a command that evaluates rules."""
+    parser.add_argument(
+        "--rule-timeout",
+        type=duration,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"stop a rule's query after this long: the rule fails, the others go on (default {DEFAULT_TIMEOUT_S:g}s)",
+    )
+
+
+def rule_timeout(args: argparse.Namespace) -> float:
+    """`--rule-timeout`, checked.
+
+    Raises:
+        UsageError: it is not longer than 0s.
+    """
+    if args.rule_timeout <= 0:
+        raise UsageError("--rule-timeout must be longer than 0s")
+    return args.rule_timeout
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:

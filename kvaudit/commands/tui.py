@@ -11,10 +11,12 @@ from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
     add_backend_option,
+    add_rule_timeout_option,
     add_skew_option,
     command_parser,
     duration,
     open_backend,
+    rule_timeout,
 )
 from kvaudit.tui.window import DEFAULT_WINDOW, WINDOWS, window_named
 
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="alert rule file whose pending and firing alerts to show (default: the default rule pack)",
     )
+    add_rule_timeout_option(parser)
     parser.add_argument("--snapshot", action="store_true", help="print the figures once as JSON and exit")
     parser.set_defaults(run=run)
 
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     window = window_named(args.window)
     if args.rules and not Path(args.rules).is_file():
         raise FileNotFoundError(f"{args.rules}: no such rule file")
-    alerting = rule_alerting(args.rules, skew_s=args.skew)  # the default pack without --rules
+    # The default pack without --rules.
+    alerting = rule_alerting(args.rules, skew_s=args.skew, timeout_s=rule_timeout(args))
     with ExitStack() as stack:
         if args.collect:
             server = CollectorServer(parse_address(args.collect), TraceSink(args.out)).start()
