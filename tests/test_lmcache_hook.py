@@ -355,6 +355,20 @@ def test_prevent_the_report_counts_the_reuse_prevention_forwent(runs: Runs) -> N
     assert (figure.text, figure.value) == ("3", 3)
 
 
+def test_prevent_the_tui_status_line_counts_the_reuse_prevention_forwent(runs: Runs) -> None:
+    pytest.importorskip("textual", reason="the TUI's extra")
+    from kvaudit.backends.duckdb_backend import DuckDBBackend
+    from kvaudit.tui.figures import Analysis, compute_figures
+    from kvaudit.tui.widgets.status_bar import StatusBar
+    from kvaudit.tui.window import window_named
+
+    figures = compute_figures(DuckDBBackend(runs.store), window_named("1m"), analysis=Analysis(), indexed=False)
+    assert figures.prevented_pages == 3  # over all the traces, whatever the window
+    bar = StatusBar("traces/")
+    bar.figures = figures
+    assert " · 3 prevented" in str(bar.render())
+
+
 def test_fs_without_chunk_meta_fetches_pages_missing_their_metadata(runs: Runs) -> None:
     # f1 wrote its second pool with save_chunk_meta=False: no header, so f2's reader
     # allocates the objects from its own configuration, and the descriptors say so.
