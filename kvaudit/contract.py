@@ -329,7 +329,8 @@ GEOMETRY_FIELDS: Final = (
 # The recipe's own version, hashed in first: changing the fields or their spelling changes it.
 _GEOMETRY_RECIPE: Final = "kvaudit-geometry/1"
 # The name of the fingerprint's tag in a prevented key: LMCache spells the key of a request
-# configured with `lmcache.tag.kvaudit_geometry=<fingerprint>` as `...@kvaudit_geometry%<fingerprint>`.
+# configured with `lmcache.tag.kvaudit_geometry=<fingerprint>` as `...@kvaudit_geometry%<fingerprint>`
+# (queries/prevented.sql reads the tag so spelled out of the keys).
 GEOMETRY_TAG: Final = "kvaudit_geometry"
 
 
