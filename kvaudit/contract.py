@@ -105,6 +105,8 @@ class Res:
     KV_LAYERS: Final = "kvaudit.kv.layers"
     KV_KV_HEADS: Final = "kvaudit.kv.kv_heads"
     KV_HEAD_SIZE: Final = "kvaudit.kv.head_size"
+    # The replica's geometry fingerprint (`geometry_fingerprint`, docs/design.md section 4.5).
+    KV_GEOMETRY: Final = "kvaudit.kv.geometry"
 
 
 class SpanAttr:
@@ -169,6 +171,8 @@ class PageAttr:
     # The key of the page of the layer below (an LMCache chunk) that served this page's
     # tokens, recorded by the layer above (vLLM); that page's span is in the same trace.
     SOURCE_KEY: Final = "kvaudit.page.source_key"
+    # The geometry fingerprint of the replica that computed the page (KVA008).
+    GEOMETRY: Final = "kvaudit.page.geometry"
 
 
 class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -198,6 +202,7 @@ class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     address: int | None = None
     tier: str | None = None
     source_key: str | None = None
+    geometry: str | None = None
 
     def to_attributes(self) -> dict[str, Any]:
         """The present fields as OpenTelemetry attributes."""
@@ -292,6 +297,12 @@ class KVConfig(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     layers: int | None = None
     kv_heads: int | None = None
     head_size: int | None = None
+    # Derived from the fields above (and the engine's KV format version): `with_geometry`.
+    geometry: str | None = None
+
+    def with_geometry(self, format_version: str | None = None) -> KVConfig:
+        """This configuration with its geometry fingerprint, as a replica declares it."""
+        return msgspec.structs.replace(self, geometry=geometry_fingerprint(self, format_version))
 
     def to_attributes(self) -> dict[str, Any]:
         return {
@@ -317,6 +328,10 @@ GEOMETRY_FIELDS: Final = (
 )
 # The recipe's own version, hashed in first: changing the fields or their spelling changes it.
 _GEOMETRY_RECIPE: Final = "kvaudit-geometry/1"
+# The name of the fingerprint's tag in a prevented key: LMCache spells the key of a request
+# configured with `lmcache.tag.kvaudit_geometry=<fingerprint>` as `...@kvaudit_geometry%<fingerprint>`
+# (queries/prevented.sql reads the tag so spelled out of the keys).
+GEOMETRY_TAG: Final = "kvaudit_geometry"
 
 
 def geometry_fingerprint(kv: KVConfig, format_version: str | None = None) -> str:

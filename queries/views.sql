@@ -84,7 +84,8 @@ SELECT DISTINCT resource_id,
        kvaudit_str(res, 'kvaudit.kv.hash_algo') AS hash_algo,
        kvaudit_int(res, 'kvaudit.kv.layers') AS layers,
        kvaudit_int(res, 'kvaudit.kv.kv_heads') AS kv_heads,
-       kvaudit_int(res, 'kvaudit.kv.head_size') AS head_size
+       kvaudit_int(res, 'kvaudit.kv.head_size') AS head_size,
+       kvaudit_str(res, 'kvaudit.kv.geometry') AS geometry
 FROM kvaudit_good_resource_spans;
 
 CREATE OR REPLACE TABLE kvaudit_raw_spans AS
@@ -173,6 +174,7 @@ SELECT file, line, resource_id, replica, trace_id, span_id, op, hook, backend, r
        kvaudit_int(a, 'kvaudit.page.address') AS address,
        kvaudit_str(a, 'kvaudit.page.tier') AS tier,
        kvaudit_str(a, 'kvaudit.page.source_key') AS source_key,
+       kvaudit_str(a, 'kvaudit.page.geometry') AS geometry,
        make_timestamp_ns(CAST(coalesce(e ->> '$.timeUnixNano', '0') AS BIGINT)) AS time
 FROM (
     SELECT *, kvaudit_attrs(e -> '$.attributes') AS a

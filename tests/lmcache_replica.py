@@ -5,8 +5,9 @@
 For each pool it builds a real `LMCacheEngine` (the CPU copy connector stands in for
 the CUDA kernel only) and either stores one token sequence, or looks it up and
 retrieves it, "recomputing" what it could not retrieve (its own KV, as its engine
-would have computed it). It writes what it saw to `out` as JSON (one object per
-pool) and the KV it ended with to `out`.<pool>.pt.
+would have computed it) and, with `store_recomputed`, storing the sequence then. It
+writes what it saw to `out` as JSON (one object per pool) and the KV it ended with to
+`out`.<pool>.pt.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def run_pool(
             kv[:, :, ~hit] = own_kv(spec)[:, :, ~hit]
             result["retrieved"] = int(hit.sum())
             result["recomputed"] = int((~hit).sum())
+            if spec.get("store_recomputed") and result["recomputed"]:
+                # As a serving engine does: what it recomputed goes into the pool.
+                engine.store(tokens, kvcache=kv)
+                wait_until_pooled(engine, tokens)
     finally:
         LMCacheEngineBuilder.destroy(name)
     torch.save(kv, f"{spec['out']}.{index}.pt")

@@ -34,7 +34,7 @@ def _codes(findings: list[Finding]) -> list[tuple[str, str]]:
 
 
 def test_one_rule_file_per_code():
-    assert [name.split("/")[1][:6] for name in rule_queries()] == [f"kva00{n}" for n in range(1, 8)]
+    assert [name.split("/")[1][:6] for name in rule_queries()] == [f"kva00{n}" for n in range(1, 9)]
 
 
 def test_a_clean_cross_replica_fetch_has_no_findings(fleet: Fleet):
@@ -164,6 +164,38 @@ def test_kva005_head_geometry_and_rank_of_the_fetched_page(fleet: Fleet):
         "kv_heads": {"fetched": 2, "stored": 2, "consumer": 4},
         "rank": {"fetched": 0, "stored": 0, "consumer": 1},
     }
+
+
+def test_kva008_geometry_of_the_stored_or_the_fetched_page_against_the_consumers(fleet: Fleet):
+    # Another block size only: nothing KVA005 compares, everything the fingerprint covers.
+    old, new = KV.with_geometry(), msgspec.structs.replace(KV, block_size=16).with_geometry()
+    assert old.geometry != new.geometry
+    r1, r2 = fleet.replica("r1", old), fleet.replica("r2", new)
+    fleet.at(0).store(r1, [page("a", 0, geometry=old.geometry), page("b", 1, geometry=old.geometry), page("c", 2)])
+    fleet.at(1).fetch(
+        r2,
+        [
+            page("a", 0, used=True),  # the fetched object carried none: the producer's store says it
+            page("b", 1, used=False, geometry=old.geometry),  # the guard refused it: a safe miss
+            page("c", 2, used=True),  # an older producer, no fingerprint anywhere: not compared
+        ],
+    )
+    findings = _audit(fleet)
+    assert [(f.code, f.severity, f.key) for f in findings] == [("KVA008", "critical", "a"), ("KVA008", "warning", "b")]
+    a, b = findings
+    assert (a.rule, a.producer) == ("geometry-mismatch", "r1")
+    assert a.fields == {"geometry": {"fetched": None, "stored": old.geometry, "consumer": new.geometry}}
+    assert b.fields["geometry"]["fetched"] == old.geometry
+    assert a.message == f"page of geometry {old.geometry} fetched by r2 of geometry {new.geometry}"
+
+
+def test_kva008_not_for_the_same_fingerprint_nor_a_consumer_without_one(fleet: Fleet):
+    kv = KV.with_geometry()
+    r1, r2, r3 = fleet.replica("r1", kv), fleet.replica("r2", kv), fleet.replica("r3")
+    fleet.at(0).store(r1, [page("a", geometry=kv.geometry)])
+    fleet.at(1).fetch(r2, [page("a", used=True, geometry=kv.geometry)])
+    fleet.at(2).fetch(r3, [page("a", used=True, geometry="0123456789abcdef")])  # r3 declares none
+    assert _audit(fleet) == []
 
 
 def test_kva006_orphan_is_info(fleet: Fleet):

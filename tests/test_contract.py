@@ -135,3 +135,15 @@ def test_prevent_fingerprint_differs_on_every_geometry_field():
     others.add(contract.geometry_fingerprint(_REPLICA, format_version="2"))
     others.add(contract.geometry_fingerprint(msgspec.structs.replace(_REPLICA, layout=None)))
     assert fingerprint not in others and len(others) == len(changed) + 2
+
+
+def test_prevent_fingerprint_in_the_resource_and_on_the_pages_a_replica_stores():
+    declared = _REPLICA.with_geometry()
+    assert declared.geometry == contract.geometry_fingerprint(_REPLICA)
+    # Declaring it changes nothing it is computed from.
+    assert contract.geometry_fingerprint(declared) == declared.geometry
+    assert declared.to_attributes()[contract.Res.KV_GEOMETRY] == declared.geometry
+    page = contract.PageDescriptor.from_config(declared, key="k")
+    assert page.to_attributes()[contract.PageAttr.GEOMETRY] == declared.geometry
+    assert contract.RESOURCE_COLUMNS["geometry"] == (contract.Res.KV_GEOMETRY, contract.Kind.STR)
+    assert contract.PAGE_COLUMNS["geometry"] == (contract.PageAttr.GEOMETRY, contract.Kind.STR)

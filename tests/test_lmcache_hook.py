@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -152,7 +153,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, lm_url: str) -> Iterator[Runs
         _spec(tmp, "f2", "fetch", fs, GEOMETRY_R1),
         # With prevent on: r2 and r3 again.
         _spec(tmp, "p2", "fetch", lm, GEOMETRY_R1, prevent=True),
-        _spec(tmp, "p3", "fetch", lm, GEOMETRY_SPLIT, prevent=True),
+        # p3 stores what it recomputed: under its own fingerprint, beside p1's pages.
+        _spec(tmp, "p3", "fetch", lm, GEOMETRY_SPLIT, prevent=True, store_recomputed=True),
     )
     result = Runs(tmp)
     yield result
@@ -307,6 +309,64 @@ def test_prevent_same_geometry_still_hits_across_replicas(runs: Runs) -> None:
 def test_prevent_off_keys_carry_no_tag(runs: Runs) -> None:
     # Today's behaviour: r1's keys are LMCache's own, and r3 misreads them (the silent-misread test).
     assert not any("kvaudit_geometry" in key for key in _store_keys(runs, "r1"))
+
+
+def _geometry_of(runs: Runs) -> dict[str, str]:
+    return {row["replica"]: row["geometry"] for row in runs.rows("SELECT replica, geometry FROM replicas")}
+
+
+def test_prevent_fingerprint_in_the_resource_the_stored_pages_and_the_keys(runs: Runs) -> None:
+    declared = _geometry_of(runs)
+    same, split = declared["r1"], declared["r3"]
+    assert re.fullmatch(r"[0-9a-f]{16}", same) and same != split
+    assert {declared[r] for r in ("r1", "r2", "p1", "p2", "f1", "f2")} == {same}
+    assert {declared[r] for r in ("r3", "r4", "p3")} == {split}
+    for replica in ("r1", "p1", "p3"):
+        assert [row["geometry"] for row in runs.pages(replica, "store")] == [declared[replica]] * 3
+    # Under prevent the key's tag is the fingerprint the resource declares.
+    assert all(key.endswith(f"@kvaudit_geometry%{same}") for key in _store_keys(runs, "p1"))
+    assert all(key.endswith(f"@kvaudit_geometry%{split}") for key in _store_keys(runs, "p3"))
+    # A fetched object carries none (its key's tag would be the consumer's own).
+    assert {row["geometry"] for row in runs.pages("r3", "fetch")} == {None}
+
+
+def test_kva008_the_other_head_split_read_without_prevent(runs: Runs) -> None:
+    from kvaudit.analyse.audit import run_audit
+
+    declared = _geometry_of(runs)
+    found = [f for f in run_audit(runs.store) if f.code == "KVA008"]
+    # r3 used r1's pages (critical); r4's guard refused them (warning); nobody of r1's geometry.
+    assert sorted((f.replica, f.severity, f.producer) for f in found) == [
+        *[("r3", "critical", "r1")] * 3,
+        *[("r4", "warning", "r1")] * 3,
+    ]
+    expected = {"fetched": None, "stored": declared["r1"], "consumer": declared["r3"]}
+    assert all(f.fields == {"geometry": expected} for f in found)
+
+
+def test_prevent_the_report_counts_the_reuse_prevention_forwent(runs: Runs) -> None:
+    from kvaudit.analyse.named_queries import run_named
+    from kvaudit.present.report import Report, Table, headline
+
+    row = Table(*run_named(runs.store, "headline"))
+    # p3 recomputed the three pages the pool held under p1's fingerprint; r1's keys are untagged.
+    assert row.records()[0]["prevented_pages"] == 3
+    figure = next(f for f in headline(Report([], row)) if f.name == "prevented_pages")
+    assert (figure.text, figure.value) == ("3", 3)
+
+
+def test_prevent_the_tui_status_line_counts_the_reuse_prevention_forwent(runs: Runs) -> None:
+    pytest.importorskip("textual", reason="the TUI's extra")
+    from kvaudit.backends.duckdb_backend import DuckDBBackend
+    from kvaudit.tui.figures import Analysis, compute_figures
+    from kvaudit.tui.widgets.status_bar import StatusBar
+    from kvaudit.tui.window import window_named
+
+    figures = compute_figures(DuckDBBackend(runs.store), window_named("1m"), analysis=Analysis(), indexed=False)
+    assert figures.prevented_pages == 3  # over all the traces, whatever the window
+    bar = StatusBar("traces/")
+    bar.figures = figures
+    assert " · 3 prevented" in str(bar.render())
 
 
 def test_fs_without_chunk_meta_fetches_pages_missing_their_metadata(runs: Runs) -> None:

@@ -79,3 +79,29 @@ def test_reuse_left_per_replica_is_the_simulators(tmp_path: Path):
     text = html.read_text()
     assert "Reuse left on the table: the hit rate against the achievable one, misses by cause" in text
     assert "r1 achievable" in text and '"name":"routed_away"' in text
+
+
+def test_prevent_headline_counts_each_page_stored_under_a_further_geometry(
+    trace_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from kvaudit.analyse.named_queries import run_named
+    from kvaudit.present.report import Report, Table, headline
+
+    fleet = Fleet(trace_dir, monkeypatch)
+    r1, r2, r3 = fleet.replica("r1"), fleet.replica("r2"), fleet.replica("r3")
+    one, two = "@kvaudit_geometry%0123456789abcdef", "@kvaudit_geometry%fedcba9876543210"
+    fleet.at(0).store(r1, [page(f"a{one}", 0), page(f"b{one}", 1)])
+    fleet.at(1).store(r2, [page(f"a{two}", 0), page(f"c{two}", 1)])  # a: the pool held it for r1's geometry
+    fleet.at(2).store(r3, [page(f"a{one}", 0), page("b", 1)])  # r1's geometry again; an untagged key
+    store = fleet.open()
+    try:
+        row = Table(*run_named(store, "headline"))
+    finally:
+        store.close()
+    assert row.records()[0]["prevented_pages"] == 1
+    figure = next(f for f in headline(Report([], row)) if f.name == "prevented_pages")
+    assert (figure.label, figure.text, figure.note) == (
+        "prevented",
+        "1",
+        "pages recomputed: the pool held them for another geometry",
+    )

@@ -324,11 +324,18 @@ def test_head_split_misread_without_guard_is_silent_but_audited(deployment: Depl
     assert (pooled["cached"], pooled["finish"]) == (CACHED, "length")
     assert pooled["tokens"] != baseline["tokens"]
     findings = _findings(deployment, "server", "producer", "split")
-    assert _summary(findings) == {("split", "KVA005", "critical", "vllm"), ("split", "KVA005", "critical", "lmcache")}
-    assert len(findings) == BLOCKS + CHUNKS
+    # The head split (KVA005), and the geometry fingerprint it changes (KVA008), on each layer.
+    assert _summary(findings) == {
+        ("split", code, "critical", layer) for code in ("KVA005", "KVA008") for layer in ("vllm", "lmcache")
+    }
+    assert len(findings) == 2 * (BLOCKS + CHUNKS)
     for finding in findings:
         assert finding.producer == "producer"
-        assert finding.fields["kv_heads"] == {"fetched": None, "stored": 2, "consumer": 1}
+        if finding.code == "KVA005":
+            assert finding.fields["kv_heads"] == {"fetched": None, "stored": 2, "consumer": 1}
+        else:
+            geometry = finding.fields["geometry"]
+            assert geometry["fetched"] is None and geometry["stored"] != geometry["consumer"]
 
 
 def test_head_split_with_guard_is_a_safe_miss(deployment: Deployment) -> None:
@@ -342,6 +349,8 @@ def test_head_split_with_guard_is_a_safe_miss(deployment: Deployment) -> None:
     assert _summary(findings) == {
         ("split_guard", "KVA005", "warning", "vllm"),
         ("split_guard", "KVA005", "warning", "lmcache"),
+        ("split_guard", "KVA008", "warning", "vllm"),
+        ("split_guard", "KVA008", "warning", "lmcache"),
     }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit.analyse.audit import run_audit
+from kvaudit.analyse.named_queries import run_named
 from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH
 from kvaudit.read.store import TraceStore
@@ -221,6 +222,11 @@ def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert "no fp8 tensor cores" in capsys.readouterr().err
 
 
+def _records(store: TraceStore, query: str) -> list[dict[str, object]]:
+    columns, rows = run_named(store, query)
+    return [dict(zip(columns, row)) for row in rows]
+
+
 UPGRADE = dataclasses.replace(SMALL, faults=Faults(upgrade_at_s=45, guard=True))
 # The bytes of fetched pages whose layout is not their consumer's: what the guard rejects.
 FOREIGN_BYTES = (
@@ -243,6 +249,13 @@ def test_prevent_rolling_upgrade_moves_no_bytes_for_pages_the_guard_would_reject
     assert prevented.ground_truth == []
     assert sum(r.rejected_tokens for r in prevented.requests) == 0
     assert run_audit(store) == []
+    # Guard only, every refused page is one of another fingerprint (KVA008, a safe miss);
+    # with prevention the pages of the other layout were recomputed instead, and counted.
+    kva008 = [f for f in run_audit(guard_store) if f.code == "KVA008"]
+    assert len(kva008) == len(refused) and {f.severity for f in kva008} == {"warning"}
+    [prevented_pages] = [row["prevented_pages"] for row in _records(store, "headline")]
+    [none] = [row["prevented_pages"] for row in _records(guard_store, "headline")]
+    assert prevented_pages > 0 and none == 0
     # The upgraded replica still reuses pages of its own layout.
     _, packed = store.query(
         "SELECT count(*) FROM pages p JOIN replicas r USING (resource_id)"

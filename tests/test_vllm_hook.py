@@ -40,7 +40,7 @@ import pytest
 from kvaudit.analyse.audit import run_audit
 from kvaudit.analyse.explain import Explanation, explain
 from kvaudit.causes import Cause
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier, geometry_fingerprint
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
@@ -494,9 +494,13 @@ def test_guard_names_every_violation() -> None:
 def test_stamps_round_trip_and_never_override_the_payload(tmp_path: Path) -> None:
     from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
 
-    write_stamp(str(tmp_path), ["k0", "k1"], _geometry())
+    kv = _geometry().kv_config("NT_NH_2HS")
+    write_stamp(str(tmp_path), ["k0", "k1"], kv)
     stamp = read_stamp(str(tmp_path), ["k0", "k1"])
-    assert stamp == {"model": "m", "world_size": 1, "rank": 0, "layers": 2, "kv_heads": 2, "head_size": 32}
+    assert stamp == {
+        "model": "m", "world_size": 1, "rank": 0, "layers": 2, "kv_heads": 2, "head_size": 32, "geometry": kv.geometry,
+    }  # fmt: skip
+    assert kv.geometry == geometry_fingerprint(kv)
     page = PageDescriptor(key="k1", kv_heads=4)
     apply_stamp(page, stamp)
     assert (page.model, page.kv_heads) == ("m", 4)

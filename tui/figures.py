@@ -20,7 +20,9 @@ from kvaudit.tui.findings import CRITICAL, FindingRow
 from kvaudit.tui.window import Window
 
 SPARK_BUCKETS: Final = 24
-_QUERIES: Final = {name: load(name) for name in ("tui/replicas", "tui/reuse", "tui/reuse_joined", "tui/activity")}
+_QUERIES: Final = {
+    name: load(name) for name in ("tui/replicas", "tui/reuse", "tui/reuse_joined", "tui/activity", "prevented")
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Figures:
     alerts: tuple[AlertRow, ...] | None = None  # None: none known (alerts_note says why)
     alerts_note: str = ""
     alerts_source: str = ""  # the rule file, or the default pack
+    # Over all the traces: pages prevention kept from replicas of another geometry (queries/prevented.sql).
+    prevented_pages: int = 0
     # The order figures were computed in (LiveSource numbers them): two workers hand theirs
     # to the screen in either order, and the older must not replace the newer.
     serial: int = field(default=0, compare=False)
@@ -96,6 +100,7 @@ class _Extent:
     latest_ns: int | None
     pages: int
     read_errors: int
+    prevented_pages: int
 
 
 def compute_figures(
@@ -115,7 +120,15 @@ def compute_figures(
     """
     extent = _extent(backend)
     if extent.latest_ns is None or extent.earliest_ns is None:
-        return Figures(window.name, None, None, extent.pages, extent.read_errors, **_analysed(analysis, None))
+        return Figures(
+            window.name,
+            None,
+            None,
+            extent.pages,
+            extent.read_errors,
+            prevented_pages=extent.prevented_pages,
+            **_analysed(analysis, None),
+        )
     since = window.since_ns(extent.earliest_ns, extent.latest_ns)
     analysed = _analysed(analysis, since)
     if indexed:
@@ -148,7 +161,17 @@ def compute_figures(
         )
         for replica, requests, _, _, hit_rate, _, _, gbps, p99 in _rows(backend, "tui/replicas", since_ns=since)
     )
-    return Figures(window.name, since, extent.latest_ns, extent.pages, extent.read_errors, replicas, reuse, **analysed)
+    return Figures(
+        window.name,
+        since,
+        extent.latest_ns,
+        extent.pages,
+        extent.read_errors,
+        replicas,
+        reuse,
+        prevented_pages=extent.prevented_pages,
+        **analysed,
+    )
 
 
 def _analysed(analysis: Analysis, since_ns: int | None) -> dict[str, Any]:
@@ -162,7 +185,8 @@ def _analysed(analysis: Analysis, since_ns: int | None) -> dict[str, Any]:
 def _extent(backend: Backend) -> _Extent:
     _, [(earliest, latest)] = backend.query("SELECT min(start_ns), max(end_ns) FROM spans WHERE op IS NOT NULL")
     _, [(pages, errors)] = backend.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")
-    return _Extent(earliest, latest, pages, errors)
+    [(prevented,)] = _rows(backend, "prevented")
+    return _Extent(earliest, latest, pages, errors, int(prevented))
 
 
 def _rows(backend: Backend, name: str, **params: int) -> Sequence[tuple[Any, ...]]:

@@ -5,7 +5,9 @@ fetch descriptor holds only what the fetched object carried: its key (model, wor
 size, worker and chunk hash are part of LMCache's `CacheEngineKey`), and its shape,
 dtype and memory format when the backend transmitted them. A backend that did not
 (the `fs://` connector with `save_chunk_meta=False` allocates the object from the
-reader's own configuration) leaves those fields absent.
+reader's own configuration) leaves those fields absent. A fetched page never carries
+a geometry fingerprint: under `prevent` its key's tag is the one the consumer itself
+put there, so only the producer's store descriptor says which geometry computed it.
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ def store_page(
     hash_algo: str | None,
     token_range: tuple[int, int] | None,
     checksum: str | None,
+    geometry: str | None,
 ) -> PageDescriptor:
-    """The complete descriptor of a page this engine stores."""
+    """The complete descriptor of a page this engine stores, with its engine's geometry fingerprint."""
     layers, _, _, kv_heads, head_size = metadata.kv_shape
     start, end = token_range if token_range is not None else (None, None)
     return PageDescriptor(
@@ -87,6 +90,7 @@ def store_page(
         checksum=checksum,
         # LMCache copies every payload into a memory object of its own.
         transfer=Transfer.COPY,
+        geometry=geometry,
     )
 
 

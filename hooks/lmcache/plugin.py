@@ -94,6 +94,7 @@ class KvauditStorePlugin(StoragePluginInterface):
             parent=link.parent if link is not None else None,
         )
         rate, registry, stored = state.options.checksum_rate, state.registry, 0
+        geometry = state.kv_config(self.config, self.metadata).geometry
         pages = []
         for key, obj in zip(keys, objs, strict=False):
             token_range = state.range_of(key)
@@ -104,6 +105,7 @@ class KvauditStorePlugin(StoragePluginInterface):
                 state.hash_algo,
                 token_range,
                 payload_checksum(obj) if sampled(key, rate) else None,
+                geometry,
             )
             op.add_page(page)
             pages.append(page)

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import msgspec
-
-from kvaudit.contract import geometry_fingerprint
+from kvaudit.contract import GEOMETRY_TAG
 from kvaudit.hooks.lmcache import runtime
 
-TAG: Final = "lmcache.tag.kvaudit_geometry"
+TAG: Final = f"lmcache.tag.{GEOMETRY_TAG}"
 # `process_tokens(tokens, hashes, offsets, mask, make_key, request_configs)`: where it sits when passed by position.
 _REQUEST_CONFIGS_AT: Final = 5
 
@@ -28,12 +26,7 @@ def fingerprint_of(database: Any) -> str:
     `SegmentTokenDatabase` (CacheBlend) keeps no engine configuration: its layout is
     hashed as absent, so there only replicas configured alike share keys.
     """
-    config, metadata = getattr(database, "config", None), database.metadata
-    kv = runtime.geometry_config(config, metadata)
-    if database.save_only_first_rank:
-        # LMCache's MLA keys are the same on every rank (world size 1, rank 0): so is the fingerprint.
-        kv = msgspec.structs.replace(kv, world_size=1, rank=0)
-    return geometry_fingerprint(kv)
+    return runtime.geometry_of(getattr(database, "config", None), database.metadata, database.save_only_first_rank)
 
 
 def tagged(database: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from kvaudit.contract import KVConfig
+from kvaudit.contract import KVConfig, geometry_fingerprint
 from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks.lmcache.registry import StoreRegistry
 
@@ -99,8 +99,10 @@ class Runtime:
         )
 
     def kv_config(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> KVConfig:
-        """The engine's own configuration, as its resource declares it and the guard checks it."""
-        return msgspec.structs.replace(geometry_config(config, metadata), hash_algo=self.hash_algo)
+        """The engine's own configuration, as its resource declares it and the guard checks it,
+        with the fingerprint its keys carry under `prevent` (docs/design.md section 4.5)."""
+        geometry = geometry_of(config, metadata, saves_only_first_rank(config, metadata))
+        return msgspec.structs.replace(geometry_config(config, metadata), hash_algo=self.hash_algo, geometry=geometry)
 
     def remember_range(self, key: CacheEngineKey, start: int, end: int) -> None:
         ranges = self._ranges
@@ -141,6 +143,20 @@ def geometry_config(config: LMCacheEngineConfig | None, metadata: LMCacheMetadat
         kv_heads=kv_heads,
         head_size=head_size,
     )
+
+
+def geometry_of(config: LMCacheEngineConfig | None, metadata: LMCacheMetadata, first_rank_only: bool) -> str:
+    """The geometry fingerprint of an engine's pages (docs/design.md section 4.5)."""
+    kv = geometry_config(config, metadata)
+    if first_rank_only:
+        # LMCache's MLA keys are the same on every rank (world size 1, rank 0): so is the fingerprint.
+        kv = msgspec.structs.replace(kv, world_size=1, rank=0)
+    return geometry_fingerprint(kv)
+
+
+def saves_only_first_rank(config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> bool:
+    """Whether only the first rank stores (MLA), as LMCache's engine and token database decide it."""
+    return bool(metadata.use_mla and config.get_extra_config_value("save_only_first_rank", metadata.use_mla))
 
 
 def expected_format(config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> str:

@@ -135,17 +135,16 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._format: InnerFormat = lmcache_layer.format_for(self._inner, self._geometry) or format_for(
             self._inner, self._geometry
         )
+        self._kv = self._geometry.kv_config(self._format.layout)
         # What this replica reads a page as: the reference the guard compares fetched pages with.
-        self._expected = PageDescriptor.from_config(
-            self._geometry.kv_config(self._format.layout), shape=self._geometry.page_shape
-        )
+        self._expected = PageDescriptor.from_config(self._kv, shape=self._geometry.page_shape)
         self._emitter: Emitter = setup_emitter(
             self._settings.replica,
             self._settings.export,
             engine="vllm",
             engine_version=vllm.__version__,
             service_name="vllm",
-            kv=self._geometry.kv_config(self._format.layout),
+            kv=self._kv,
         )
         atexit.register(self._emitter.shutdown)
         # Scheduler side: requests looked up and not finished, and the loads planned.
@@ -292,7 +291,7 @@ class KVAuditConnector(KVConnectorBase_V1):
     def _stamp(self, keys: list[str]) -> None:
         assert self._settings.stamp_dir is not None
         try:
-            write_stamp(self._settings.stamp_dir, keys, self._geometry)
+            write_stamp(self._settings.stamp_dir, keys, self._kv)
         except OSError as exc:
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 

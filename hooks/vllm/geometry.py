@@ -40,6 +40,7 @@ class EngineGeometry:
         return self.layers * self.block_size * self.kv_heads * 2 * self.head_size * self.element_bytes
 
     def kv_config(self, layout: str | None) -> KVConfig:
+        """The replica's configuration with its geometry fingerprint (vLLM has no KV format version)."""
         return KVConfig(
             model=self.model,
             dtype=self.dtype,
@@ -51,7 +52,7 @@ class EngineGeometry:
             layers=self.layers,
             kv_heads=self.kv_heads,
             head_size=self.head_size,
-        )
+        ).with_geometry()
 
 
 def torch_dtype_name(dtype: object) -> str:

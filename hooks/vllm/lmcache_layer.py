@@ -219,6 +219,8 @@ class LMCacheFormat:
         self._fields = {"hash_algo": geometry.hash_algo}
         self._plans: OrderedDict[str, RequestPlan] = OrderedDict()
         self.layout = _memory_format(inner)
+        # A stored block is this replica's: its fingerprint is the one its resource declares.
+        self._store_geometry = geometry.kv_config(self.layout).geometry
 
     def units(self, inner_meta: KVConnectorMetadata, plans: list[RequestPlan]) -> list[Unit]:
         for plan in plans:
@@ -263,6 +265,7 @@ class LMCacheFormat:
                         token_start=block * block_size,
                         token_end=(block + 1) * block_size,
                         source_key=chunk.key,
+                        geometry=self._store_geometry,
                         **self._fields,
                     )
                     pages.append(self._stored(page, unit, block, kv_caches))

@@ -1,11 +1,11 @@
 """Producer stamps: what a stored page's own object does not carry, recorded beside it.
 
 ExampleConnector's files carry dtype and shape but not the model, the tensor-parallel
-world size and rank or the head geometry. With `stamp_dir` set, the producing
-replica writes these for every stored unit into a directory the replicas share
-(never into the inner connector's own storage, whose files stay byte-identical), one
-JSON file named after the unit's last page key; a fetch reads the stamp of the pages
-it got. Stamps are what the producer declared, not what the payload is: a payload
+world size and rank, the head geometry or the geometry fingerprint. With `stamp_dir`
+set, the producing replica writes these for every stored unit into a directory the
+replicas share (never into the inner connector's own storage, whose files stay
+byte-identical), one JSON file named after the unit's last page key; a fetch reads the
+stamp of the pages it got. Stamps are what the producer declared, not what the payload is: a payload
 that lacks dtype, shape or layout still lacks them.
 """
 
@@ -16,19 +16,18 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from kvaudit.contract import PageDescriptor
-from kvaudit.hooks.vllm.geometry import EngineGeometry
+from kvaudit.contract import KVConfig, PageDescriptor
 
-STAMPED_FIELDS: Final = ("model", "world_size", "rank", "layers", "kv_heads", "head_size")
+STAMPED_FIELDS: Final = ("model", "world_size", "rank", "layers", "kv_heads", "head_size", "geometry")
 
 
-def write_stamp(stamp_dir: str, keys: list[str], geometry: EngineGeometry) -> None:
-    """Record the producer's identity for the pages with `keys` (atomically: readers never see half a file)."""
+def write_stamp(stamp_dir: str, keys: list[str], kv: KVConfig) -> None:
+    """Record the producer's identity, its `kv`, for the pages with `keys` (atomically: no half files)."""
     if not keys:
         return
     directory = Path(stamp_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = {name: getattr(geometry, name) for name in STAMPED_FIELDS}
+    stamp = {name: getattr(kv, name) for name in STAMPED_FIELDS}
     stamp["keys"] = keys
     target = directory / f"{keys[-1]}.json"
     tmp = target.with_name(f".{target.name}.{os.getpid()}")

@@ -1,4 +1,4 @@
-"""The auditor: rules KVA001-KVA007 of docs/design.md section 4 over the kvaudit views.
+"""The auditor: rules KVA001-KVA008 of docs/design.md section 4 over the kvaudit views.
 
 Every rule is SQL in `queries/audit/` (one file per rule, `kva00N_<name>.sql`) over
 `audit_fetches`, which `queries/audit/lineage.sql` defines: fetched pages beside their

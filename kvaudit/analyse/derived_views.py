@@ -1,6 +1,6 @@
 """Views derived from the analysis, beside the kvaudit views: what alert rules and the exporter's metrics read.
 
-- `findings`: the auditor's findings (rules KVA001-KVA007, `kvaudit.analyse.audit`), one
+- `findings`: the auditor's findings (rules KVA001-KVA008, `kvaudit.analyse.audit`), one
   row each: code, rule, severity, replica, key, trace_id, span_id, message, producer,
   file, line, and `time`, the end of the finding's span (NULL for an unreadable line).
 - `recent(ts, INTERVAL 10 MINUTE)`, kvaudit SQL's own function (`kvaudit.backends.base`):

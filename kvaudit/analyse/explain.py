@@ -29,7 +29,7 @@ QUERY: Final = "explain_evictions"  # explain's pages, each with its last evicti
 _REFUSED: Final = """
 SELECT p.*, r.model AS c_model, r.dtype AS c_dtype, r.layout AS c_layout, r.block_size AS c_block_size,
        r.world_size AS c_world_size, r.rank AS c_rank, r.hash_algo AS c_hash_algo, r.layers AS c_layers,
-       r.kv_heads AS c_kv_heads, r.head_size AS c_head_size
+       r.kv_heads AS c_kv_heads, r.head_size AS c_head_size, r.geometry AS c_geometry
 FROM pages p LEFT JOIN replicas r ON r.resource_id = p.resource_id
 WHERE p.op = 'fetch' AND p.used = false AND p.request_id = getvariable('kvaudit_request_id')
   AND p.replica = getvariable('kvaudit_replica') AND p.token_start = getvariable('kvaudit_token_start')

@@ -1,4 +1,4 @@
-"""`kvaudit audit`: rules KVA001-KVA007 over trace files; the exit status says how bad."""
+"""`kvaudit audit`: rules KVA001-KVA008 over trace files; the exit status says how bad."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "audit",
-        "Check fetched KV pages against the trace contract and their producers (rules KVA001-KVA007). "
+        "Check fetched KV pages against the trace contract and their producers (rules KVA001-KVA008). "
         "Exit status: 0 nothing at warning or above, 1 warnings or critical findings, 2 unusable input.",
         "kvaudit audit traces/ --format json > findings.jsonl\n"
         "  kvaudit audit --backend clickhouse://localhost:8123/otel --by-day   # a fleet, in bounded memory\n"

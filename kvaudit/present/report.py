@@ -115,13 +115,15 @@ class Figure:
 
 
 def headline(report: Report) -> list[Figure]:
-    """What an operator looks at first: replicas, time range, requests, hit rate, bytes, critical findings."""
+    """What an operator looks at first: replicas, time range, requests, hit rate, bytes, pages prevention
+    kept from another geometry's replicas (docs/design.md section 4.5), critical findings."""
     row = report.headline.records()[0] if report.headline is not None and report.headline.rows else {}
     first, last = row.get("first_time"), row.get("last_time")
     span = ""
     if first is not None and last is not None:
         span = f"{_utc(first)} → {_utc(last)}"
     rate = row.get("hit_rate")
+    prevented = row.get("prevented_pages") or 0
     critical = sum(f.severity == "critical" for f in report.findings)
     others = len(report.findings) - critical
     return [
@@ -142,6 +144,13 @@ def headline(report: Report) -> list[Figure]:
             f"{count(row.get('tokens_hit') or 0)} of {count(row.get('tokens_requested') or 0)} fetched tokens",
         ),
         Figure("fetch_bytes", "fetched", byte_size(row.get("fetch_bytes") or 0), row.get("fetch_bytes") or 0),
+        Figure(
+            "prevented_pages",
+            "prevented",
+            count(prevented),
+            prevented,
+            "pages recomputed: the pool held them for another geometry" if prevented else "",
+        ),
         Figure(
             "critical_findings",
             "critical findings",

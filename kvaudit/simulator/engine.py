@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from kvaudit.contract import (
+    GEOMETRY_TAG,
     EvictReason,
     Hook,
     KVConfig,
@@ -32,7 +33,6 @@ from kvaudit.contract import (
     PageDescriptor,
     SpanAttr,
     Tier,
-    geometry_fingerprint,
 )
 from kvaudit.emit.emitter import Emitter, Operation, replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
@@ -454,7 +454,7 @@ class Simulation:
         replica.kv = self.config.model.kv_config(layout, self.config.page_tokens)
         if self.config.faults.prevent:
             # Spelled as LMCache spells a tagged key (`...@kvaudit_geometry%<fingerprint>`).
-            replica.key_suffix = f"@kvaudit_geometry%{geometry_fingerprint(replica.kv)}"
+            replica.key_suffix = f"@{GEOMETRY_TAG}%{replica.kv.geometry}"
         options = {"engine": ENGINE, "engine_version": version, "service_name": "kvaudit-simulator", "kv": replica.kv}
         if self.out is None:
             replica.emitter = Emitter(replica_resource(replica.name, **options), SpanBatcher(_Discard()))

@@ -130,7 +130,7 @@ class ModelGeometry(msgspec.Struct, frozen=True, kw_only=True):
             layers=self.layers,
             kv_heads=self.kv_heads,
             head_size=self.head_size,
-        )
+        ).with_geometry()
 
 
 def _attended(cached: int, new: int, window: int | None) -> int:

@@ -13,7 +13,7 @@
 --   (model, dtype, shape, layout, bytes, world_size, rank, layers, kv_heads, head_size,
 --   checksum, transfer, address) comes from that page, the fetch of that key in the same
 --   trace (the layer below's span is a child of the fetch's). Key, hash algorithm, token
---   range and `used` stay the page's own. Without such a page, the fields stay absent
+--   range, `used` and the geometry fingerprint stay the page's own. Without such a page, the fields stay absent
 --   (docs/design.md section 4.2).
 -- Why it matters: which replica produced a fetched page is not in the page; this join
 --   is how the auditor knows what was stored under the key and by whom.
@@ -21,7 +21,7 @@
 --   puts before this query).
 -- Parameters: kvaudit_skew_s (DOUBLE, default 1.0): allowed clock skew in seconds.
 -- Columns: the fetched page's file, line, resource_id, replica, trace_id, span_id and
---   descriptor fields (key ... address, not tier); severity ('warning' when the
+--   descriptor fields (key ... address, not tier; geometry); severity ('warning' when the
 --   page was rejected, used = false; otherwise 'critical': a page not shown to be a
 --   safe miss is treated as used); key_stored (a store of the key exists anywhere);
 --   producer, producer_resource_id and s_<field> (the producer's stored
@@ -46,7 +46,7 @@ fetched AS (
            coalesce(p.rank, b.rank) AS rank, coalesce(p.layers, b.layers) AS layers,
            coalesce(p.kv_heads, b.kv_heads) AS kv_heads, coalesce(p.head_size, b.head_size) AS head_size,
            p.used, coalesce(p.checksum, b.checksum) AS checksum, coalesce(p.transfer, b.transfer) AS transfer,
-           coalesce(p.address, b.address) AS address
+           coalesce(p.address, b.address) AS address, p.geometry
     FROM pages p
     LEFT JOIN below b ON b.trace_id = p.trace_id AND b.key = p.source_key
     WHERE p.op = 'fetch'
@@ -56,22 +56,24 @@ joined AS (
     -- the producer exactly when it precedes the fetch (no later store can precede it).
     SELECT f.file, f.line, f.resource_id, f.replica, f.trace_id, f.span_id, f.key, f.hash_algo, f.token_start,
            f.token_end, f.model, f.dtype, f.shape, f.layout, f.bytes, f.world_size, f.rank, f.layers,
-           f.kv_heads, f.head_size, f.used, f.checksum, f.transfer, f.address,
+           f.kv_heads, f.head_size, f.used, f.checksum, f.transfer, f.address, f.geometry,
            s.key IS NOT NULL AS key_stored,
            s.time_ns <= f.time_ns + CAST(coalesce(getvariable('kvaudit_skew_s'), 1.0) * 1e9 AS BIGINT) AS produced,
            s.replica AS p_replica, s.resource_id AS p_resource_id, s.model AS p_model, s.dtype AS p_dtype,
            s.shape AS p_shape, s.layout AS p_layout, s.bytes AS p_bytes, s.token_start AS p_token_start,
            s.token_end AS p_token_end, s.world_size AS p_world_size, s.rank AS p_rank, s.checksum AS p_checksum,
            s.hash_algo AS p_hash_algo, s.layers AS p_layers, s.kv_heads AS p_kv_heads, s.head_size AS p_head_size,
+           s.geometry AS p_geometry,
            c.model AS c_model, c.dtype AS c_dtype, c.layout AS c_layout, c.world_size AS c_world_size,
            c.rank AS c_rank, c.hash_algo AS c_hash_algo, c.layers AS c_layers, c.kv_heads AS c_kv_heads,
-           c.head_size AS c_head_size
+           c.head_size AS c_head_size, c.geometry AS c_geometry
     FROM fetched f
     LEFT JOIN audit_producers s ON s.key = f.key
     LEFT JOIN replicas c ON c.resource_id = f.resource_id
 )
 SELECT file, line, resource_id, replica, trace_id, span_id, key, hash_algo, token_start, token_end, model, dtype,
        shape, layout, bytes, world_size, rank, layers, kv_heads, head_size, used, checksum, transfer, address,
+       geometry,
        CASE WHEN used = false THEN 'warning' ELSE 'critical' END AS severity,
        key_stored,
        CASE WHEN produced THEN p_replica END AS producer,
@@ -90,5 +92,6 @@ SELECT file, line, resource_id, replica, trace_id, span_id, key, hash_algo, toke
        CASE WHEN produced THEN p_layers END AS s_layers,
        CASE WHEN produced THEN p_kv_heads END AS s_kv_heads,
        CASE WHEN produced THEN p_head_size END AS s_head_size,
-       c_model, c_dtype, c_layout, c_world_size, c_rank, c_hash_algo, c_layers, c_kv_heads, c_head_size
+       CASE WHEN produced THEN p_geometry END AS s_geometry,
+       c_model, c_dtype, c_layout, c_world_size, c_rank, c_hash_algo, c_layers, c_kv_heads, c_head_size, c_geometry
 FROM joined;

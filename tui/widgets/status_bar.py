@@ -54,5 +54,8 @@ class StatusBar(Static):
                 text.append(f" · latest {latest:%Y-%m-%d %H:%M:%S}Z")
             if figures.read_errors:
                 text.append(f" · {figures.read_errors} unreadable lines", style="bold yellow")
+            if figures.prevented_pages:
+                # What prevention cost: pages recomputed because the pool held them for another geometry.
+                text.append(f" · {figures.prevented_pages:,} prevented")
         text.append(f"  {visible(self._watching)}", style="italic")
         return text
