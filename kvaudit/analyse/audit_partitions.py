@@ -35,8 +35,9 @@ from kvaudit.contract import Op
 
 DAY_NS: Final = 86_400 * 10**9
 LOOKBACK_S: Final = 86_400.0
-# Fetched pages per partition: about 2 GiB at the peak on DuckDB and chdb (docs/scale.md).
-ROWS_PER_PARTITION: Final = 20_000_000
+# Fetched pages per partition: about 2 GiB at the peak on DuckDB and chdb, from the measured
+# 1 GiB at half a million and 4.6 GiB at five million (docs/scale.md).
+ROWS_PER_PARTITION: Final = 2_000_000
 TRACES: Final = "traces"  # the partition name of the rules over the traces as a whole
 _EPOCH: Final = dt.date(1970, 1, 1)
 
