@@ -87,3 +87,39 @@ def test_links_are_bounded():
         links.put(str(index), Op.STORE, Link(str(index), INVALID_SPAN_CONTEXT, lambda pages: None))
     assert links.get("0", Op.STORE) is None
     assert links.get(str(_MAX_LINKS), Op.STORE) is not None
+
+
+def test_prevent_tag_goes_where_lmcache_reads_request_configs():
+    from types import SimpleNamespace
+
+    from lmcache.integration.vllm.utils import extract_request_configs_from_sampling_params
+    from vllm import SamplingParams
+
+    from kvaudit.hooks.vllm.prevent import tag_request
+
+    tag = {"lmcache.tag.kvaudit_geometry": "61af728e2f8dfe97"}
+    bare = SimpleNamespace(sampling_params=SamplingParams())
+    tag_request(bare, tag)
+    assert extract_request_configs_from_sampling_params(bare.sampling_params) == tag
+    # The client's own entries stay, and so does its dict: the tag goes into a copy.
+    own = {"lmcache.tag.run": "a", "do_remote_prefill": True}
+    client = SimpleNamespace(sampling_params=SamplingParams(extra_args={"kv_transfer_params": own, "x": 1}))
+    tag_request(client, tag)
+    assert extract_request_configs_from_sampling_params(client.sampling_params) == {"lmcache.tag.run": "a", **tag}
+    assert client.sampling_params.extra_args["x"] == 1 and "lmcache.tag.kvaudit_geometry" not in own
+    # Idempotent: vLLM asks again for a request whose lookup is not decided yet.
+    tag_request(client, tag)
+    assert extract_request_configs_from_sampling_params(client.sampling_params) == {"lmcache.tag.run": "a", **tag}
+    # What LMCache would not read a configuration from is left alone.
+    odd = SimpleNamespace(sampling_params=SamplingParams(extra_args={"kv_transfer_params": "opaque"}))
+    tag_request(odd, tag)
+    assert odd.sampling_params.extra_args == {"kv_transfer_params": "opaque"}
+    pooling = SimpleNamespace(sampling_params=None)
+    tag_request(pooling, tag)
+    assert pooling.sampling_params is None
+
+
+def test_prevent_setting_from_the_kvaudit_section():
+    extra = {"kvaudit": {"wrap": "LMCacheConnectorV1", "replica": "r1", "prevent": True}}
+    assert AuditSettings.from_extra_config(extra).prevent
+    assert not SETTINGS.prevent

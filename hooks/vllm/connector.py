@@ -61,6 +61,7 @@ from kvaudit.hooks.vllm.plans import (
     full_block_tables,
     plan_for,
 )
+from kvaudit.hooks.vllm.prevent import request_tag, tag_request
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_vllm_config
 from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
 from kvaudit.hooks.vllm.version import check_vllm_version
@@ -157,8 +158,12 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._observation_failed = False
+        # Scheduler side with `prevent`: the tag every request's LMCache keys carry.
+        self._prevent_tag: dict[str, str] | None = None
         if not worker:
             self._check_configuration(inner_config.kv_transfer_config)
+            if self._settings.prevent:
+                self._prevent_tag = self._request_tag(vllm_config)
 
     def _check_configuration(self, inner: KVTransferConfig) -> None:
         """Log, once per engine, settings that make the wrapped engine behave otherwise than intended."""
@@ -171,6 +176,17 @@ class KVAuditConnector(KVConnectorBase_V1):
         mismatch = _role_mismatch(outer, inner)
         if mismatch is not None:
             logger.warning(mismatch)
+
+    def _request_tag(self, vllm_config: VllmConfig) -> dict[str, str] | None:
+        """The geometry tag for `prevent`, or None (said once) where it cannot be had: fail open,
+        the keys stay LMCache's own and the guard still applies."""
+        if not lmcache_layer.wraps_lmcache(type(self._inner)):
+            logger.warning(
+                "kvaudit prevent puts the geometry into LMCache's keys: %s is not LMCache's connector, prevent is off",
+                type(self._inner).__name__,
+            )
+            return None
+        return self._observed(request_tag, vllm_config)
 
     # ---- worker side ----
 
@@ -224,7 +240,7 @@ class KVAuditConnector(KVConnectorBase_V1):
         except Exception as exc:
             if not self._observation_failed:
                 self._observation_failed = True
-                logger.warning("kvaudit: cannot describe pages (%r); serving continues", exc, exc_info=True)
+                logger.warning("kvaudit: %s failed (%r); serving continues", describe.__name__, exc, exc_info=True)
             return None
 
     def _finish_fetch(self, unit: Unit, fetch: Operation, pages: list[PageDescriptor]) -> None:
@@ -323,6 +339,9 @@ class KVAuditConnector(KVConnectorBase_V1):
     # ---- scheduler side ----
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._prevent_tag is not None:
+            # Before LMCache reads the request's configuration (lookup, then its tracker).
+            self._observed(tag_request, request, self._prevent_tag)
         lookup = self._emitter.operation(
             Op.LOOKUP,
             hook=Hook.VLLM_CONNECTOR,

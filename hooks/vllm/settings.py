@@ -3,7 +3,7 @@
 kv_connector_extra_config={
     "kvaudit": {"wrap": "ExampleConnector", "replica": "r1",
                 "export": "file:traces/{replica}.jsonl", "guard": True,
-                "stamp_dir": "/shared/kvaudit-stamps"},
+                "stamp_dir": "/shared/kvaudit-stamps", "prevent": False},
     "shared_storage_path": "/shared/kv",   # the inner connector's own keys
 }
 """
@@ -34,6 +34,8 @@ class AuditSettings:
         stamp_dir: a directory shared by the replicas where the producer records, per
             stored page, what the inner connector's objects do not carry (model, TP
             world size and rank, head geometry). None: no stamps.
+        prevent: around LMCache's connectors, put this replica's geometry fingerprint
+            into the LMCache keys of every request (docs/design.md section 4.5).
     """
 
     wrap: str
@@ -42,6 +44,7 @@ class AuditSettings:
     export: str | None = None
     guard: bool = False
     stamp_dir: str | None = None
+    prevent: bool = False
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any]) -> AuditSettings:
@@ -59,6 +62,7 @@ class AuditSettings:
             export=section.get("export"),
             guard=bool(section.get("guard", False)),
             stamp_dir=section.get("stamp_dir"),
+            prevent=bool(section.get("prevent", False)),
         )
 
 
