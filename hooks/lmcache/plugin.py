@@ -62,6 +62,8 @@ class KvauditStorePlugin(StoragePluginInterface):
             )
             if enabled
         )
+        # The engine's geometry fingerprint, at the first store: its configuration does not change.
+        self._geometry: str | None = None
 
     def batched_submit_put_task(
         self,
@@ -94,7 +96,9 @@ class KvauditStorePlugin(StoragePluginInterface):
             parent=link.parent if link is not None else None,
         )
         rate, registry, stored = state.options.checksum_rate, state.registry, 0
-        geometry = state.kv_config(self.config, self.metadata).geometry
+        if self._geometry is None:
+            self._geometry = state.kv_config(self.config, self.metadata).geometry
+        geometry = self._geometry
         pages = []
         for key, obj in zip(keys, objs, strict=False):
             token_range = state.range_of(key)

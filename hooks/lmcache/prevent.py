@@ -10,6 +10,7 @@ read makes other keys than it: such pages miss by construction, before any byte 
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Final
 
 from kvaudit.contract import GEOMETRY_TAG
@@ -18,6 +19,9 @@ from kvaudit.hooks.lmcache import runtime
 TAG: Final = f"lmcache.tag.{GEOMETRY_TAG}"
 # `process_tokens(tokens, hashes, offsets, mask, make_key, request_configs)`: where it sits when passed by position.
 _REQUEST_CONFIGS_AT: Final = 5
+# Per token database, computed at its first request: its engine's configuration does not
+# change, and the hash is on the serving path of every lookup, load and store.
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def fingerprint_of(database: Any) -> str:
@@ -26,7 +30,12 @@ def fingerprint_of(database: Any) -> str:
     `SegmentTokenDatabase` (CacheBlend) keeps no engine configuration: its layout is
     hashed as absent, so there only replicas configured alike share keys.
     """
-    return runtime.geometry_of(getattr(database, "config", None), database.metadata, database.save_only_first_rank)
+    fingerprint = _FINGERPRINTS.get(database)
+    if fingerprint is None:
+        config = getattr(database, "config", None)
+        fingerprint = runtime.geometry_of(config, database.metadata, database.save_only_first_rank)
+        _FINGERPRINTS[database] = fingerprint
+    return fingerprint
 
 
 def tagged(database: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
