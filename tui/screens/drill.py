@@ -7,20 +7,19 @@ the width and a long value wraps onto more lines of its row.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from rich.table import Table
 from rich.text import Text
-from textual import events, work
+from textual import events
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from kvaudit.tui import cells
 from kvaudit.tui.descriptors import DESCRIPTOR_FIELDS, DescriptorPair, FieldRow, Mark
 from kvaudit.tui.findings import FindingRow
+from kvaudit.tui.screens.loading import LoadingScreen
 
 _MARK_STYLE: Final = {
     Mark.NAMED: "bold white on dark_red",
@@ -34,13 +33,12 @@ _FIELD_WIDTH: Final = max(len(name) for name in DESCRIPTOR_FIELDS)
 _NOTE_WIDTH: Final = max(len(note) for note in _MARK_NOTE.values())
 
 
-class DrillScreen(Screen[None]):
+class DrillScreen(LoadingScreen[DescriptorPair]):
     DEFAULT_CSS = """
     DrillScreen #finding { height: auto; border: round $error; padding: 0 1; }
     DrillScreen #descriptors { height: 1fr; border: round $accent; }
     DrillScreen DataTable { height: 1fr; overflow-x: hidden; }
     """
-    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back")]
 
     def __init__(self, finding: FindingRow, load: Callable[[FindingRow], DescriptorPair]) -> None:
         super().__init__()
@@ -58,16 +56,10 @@ class DrillScreen(Screen[None]):
             yield DataTable(cursor_type="row", zebra_stripes=True)
         yield Footer()
 
-    def on_mount(self) -> None:
-        self.query_one(DataTable).focus()
-        self._fetch()
+    def load(self) -> DescriptorPair:
+        return self._load(self.finding)
 
-    @work(thread=True, exit_on_error=False)
-    def _fetch(self) -> None:
-        pair = self._load(self.finding)
-        self.app.call_from_thread(self._show, pair)
-
-    def _show(self, pair: DescriptorPair) -> None:
+    def show(self, pair: DescriptorPair) -> None:
         self._pair = pair
         self._lay_out()
         self.query_one("#descriptors", Vertical).border_subtitle = _subtitle(pair)

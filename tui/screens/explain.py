@@ -7,16 +7,14 @@ from typing import ClassVar, Final
 
 from rich.table import Table
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from kvaudit.analyse.explain import Explanation
 from kvaudit.causes import Cause
 from kvaudit.tui import cells
+from kvaudit.tui.screens.loading import LoadingScreen
 
 COLUMNS: Final = ("page", "tokens", "cause", "where", "producer", "stored", "last eviction", "detail")
 
@@ -26,13 +24,13 @@ def cause_style(cause: Cause) -> str:
     return "green" if cause.hit else "red" if cause == Cause.REJECTED else "yellow"
 
 
-class ExplainScreen(Screen[None]):
+class ExplainScreen(LoadingScreen[Explanation | None]):
     DEFAULT_CSS = """
     ExplainScreen #request { height: auto; border: round $primary; padding: 0 1; }
     ExplainScreen #pages { height: 1fr; border: round $accent; }
     ExplainScreen DataTable { height: 1fr; }
     """
-    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back")]
+    COLUMNS: ClassVar = COLUMNS
 
     def __init__(self, replica: str, request_id: str, load: Callable[[str, str], Explanation | None]) -> None:
         super().__init__()
@@ -51,18 +49,10 @@ class ExplainScreen(Screen[None]):
             yield DataTable(cursor_type="row", zebra_stripes=True)
         yield Footer()
 
-    def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns(*COLUMNS)
-        table.focus()
-        self._fetch()
+    def load(self) -> Explanation | None:
+        return self._load(self.replica, self.request_id)
 
-    @work(thread=True, exit_on_error=False)
-    def _fetch(self) -> None:
-        explanation = self._load(self.replica, self.request_id)
-        self.app.call_from_thread(self._show, explanation)
-
-    def _show(self, explanation: Explanation | None) -> None:
+    def show(self, explanation: Explanation | None) -> None:
         summary = self.query_one("#summary", Static)
         if explanation is None:
             summary.update(Text("no such request in the traces", style="dim italic"))

@@ -6,27 +6,25 @@ from collections.abc import Callable
 from typing import ClassVar, Final
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from kvaudit.analyse.explain import Explanation
 from kvaudit.tui import cells
 from kvaudit.tui.reuse_left import SHOWN, LostRequest
 from kvaudit.tui.screens.explain import ExplainScreen
+from kvaudit.tui.screens.loading import LoadingScreen
 
 COLUMNS: Final = ("request", "lost tok", "hit tok", "achievable tok", "prompt tok", "lost most to")
 
 
-class LostRequestsScreen(Screen[None]):
+class LostRequestsScreen(LoadingScreen[list[LostRequest]]):
     DEFAULT_CSS = """
     LostRequestsScreen #requests { height: 1fr; border: round $accent; }
     LostRequestsScreen DataTable { height: 1fr; }
     """
-    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back")]
+    COLUMNS: ClassVar = COLUMNS
 
     def __init__(
         self,
@@ -47,18 +45,10 @@ class LostRequestsScreen(Screen[None]):
             yield DataTable(cursor_type="row", zebra_stripes=True)
         yield Footer()
 
-    def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns(*COLUMNS)
-        table.focus()
-        self._fetch()
+    def load(self) -> list[LostRequest]:
+        return self._load(self.replica)
 
-    @work(thread=True, exit_on_error=False)
-    def _fetch(self) -> None:
-        requests = self._load(self.replica)
-        self.app.call_from_thread(self._show, requests)
-
-    def _show(self, requests: list[LostRequest]) -> None:
+    def show(self, requests: list[LostRequest]) -> None:
         self._requests = requests
         table = self.query_one(DataTable)
         for request in requests:
