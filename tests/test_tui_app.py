@@ -126,6 +126,7 @@ def test_a_replica_drills_down_to_its_worst_requests_and_one_requests_explain(tm
             replicas.move_cursor(row=0)
             await pilot.press("enter")
             await until(lambda: isinstance(app.screen, LostRequestsScreen))
+            assert app.screen.window == "5m"  # the main screen's: it holds the whole minute simulated
             requests = app.screen.query_one("DataTable")
             await until(lambda: requests.row_count > 0)
             assert requests.row_count == len(r1)  # fewer than the screen's 100
@@ -251,3 +252,25 @@ def test_help_opens_and_closes(fleet: Fleet, trace_dir: Path, key: str):
             await pilot.press("q")
 
     asyncio.run(scenario())
+
+
+def test_a_replicas_lost_requests_are_those_looked_up_in_the_window(tmp_path: Path):
+    from kvaudit.backends.duckdb_backend import DuckDBBackend
+    from kvaudit.tui.reuse_left import lost_requests
+
+    config = SimConfig(duration_s=60, rate=0.5, seed=3, shared=False, pool_bytes=16 * GIB)
+    result = simulate(config, tmp_path / "sim")
+    store = TraceStore(result.files)
+    store.refresh()
+    try:
+        backend = DuckDBBackend(store)
+        every = lost_requests(backend, "r1")
+        since = sorted(request.lookup_ns for request in every)[len(every) // 2]
+        later = lost_requests(backend, "r1", since)
+    finally:
+        store.close()
+    assert 0 < len(later) < len(every)
+    # The same requests with the same figures: each is still explained over all the traces.
+    assert sorted(later, key=lambda r: r.request_id) == sorted(
+        (request for request in every if request.lookup_ns >= since), key=lambda r: r.request_id
+    )

@@ -1,8 +1,9 @@
 """A replica's requests that left the most reuse on the table: the drill-down from a replica row.
 
 Rows of the named query `reuse_left_requests` (docs/design.md section 7.3) for one
-replica over all the traces, most lost first; from one of them the TUI opens its
-`explain` (`kvaudit.analyse.explain`).
+replica's requests looked up in the TUI's window, most lost first; from one of them the
+TUI opens its `explain` (`kvaudit.analyse.explain`). Each request is explained over all
+the traces: a copy stored before the window still counts at a lookup within it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _QUERY: Final = f"""
 SELECT * FROM (
 {load("reuse_left_requests").strip().rstrip(";")}
 )
+WHERE getvariable('kvaudit_since_ns') IS NULL OR lookup_ns >= getvariable('kvaudit_since_ns')
 ORDER BY lost_tokens DESC, coalesce(prompt_tokens, 0) - hit_tokens DESC, request_id
 LIMIT {SHOWN}
 """
@@ -45,9 +47,10 @@ class LostRequest:
         return max(self.missed, key=lambda cause: self.missed[cause]) if self.missed else None
 
 
-def lost_requests(backend: Backend, replica: str) -> list[LostRequest]:
-    """The `SHOWN` requests of `replica` that left the most reuse on the table, most first."""
-    columns, rows = backend.query(_QUERY, {"kvaudit_replica": replica})
+def lost_requests(backend: Backend, replica: str, since_ns: int | None = None) -> list[LostRequest]:
+    """The `SHOWN` requests of `replica` looked up from `since_ns` on (None: all) that left
+    the most reuse on the table, most first."""
+    columns, rows = backend.query(_QUERY, {"kvaudit_replica": replica, "kvaudit_since_ns": since_ns})
     found = []
     for row in rows:
         values = dict(zip(columns, row))

@@ -161,10 +161,10 @@ class LiveSource:
         with self._lock:
             return descriptor_pair(self.backend, finding, skew_s=self._skew_s)
 
-    def lost_requests(self, replica: str) -> list[LostRequest]:
-        """The requests of `replica` that left the most reuse on the table."""
+    def lost_requests(self, replica: str, since_ns: int | None) -> list[LostRequest]:
+        """The requests of `replica` looked up from `since_ns` on that left the most reuse on the table."""
         with self._lock:
-            return lost_requests(self.backend, replica)
+            return lost_requests(self.backend, replica, since_ns)
 
     def explanation(self, replica: str, request_id: str) -> Explanation | None:
         """`kvaudit explain` of one request on `replica` (None: no such request in the traces)."""

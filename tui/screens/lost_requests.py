@@ -1,4 +1,4 @@
-"""Enter on a replica: its requests that left the most reuse on the table; enter on one opens its explain."""
+"""Enter on a replica: its requests of the window that left the most reuse; enter on one opens its explain."""
 
 from __future__ import annotations
 
@@ -29,18 +29,23 @@ class LostRequestsScreen(LoadingScreen[list[LostRequest]]):
     def __init__(
         self,
         replica: str,
+        window: str,
         load: Callable[[str], list[LostRequest]],
         explain: Callable[[str, str], Explanation | None],
     ) -> None:
+        """`load` reads the replica's requests looked up in the window called `window`."""
         super().__init__()
         self.replica = replica
+        self.window = window
         self._load = load
         self._explain = explain
         self._requests: list[LostRequest] = []
 
     def compose(self) -> ComposeResult:
         with Vertical(id="requests") as box:
-            box.border_title = Text.assemble("requests of ", cells.plain(self.replica), " · reuse left on the table")
+            box.border_title = Text.assemble(
+                "requests of ", cells.plain(self.replica), f" · {self.window} · reuse left on the table"
+            )
             box.border_subtitle = "loading…"
             yield DataTable(cursor_type="row", zebra_stripes=True)
         yield Footer()
@@ -60,9 +65,9 @@ class LostRequestsScreen(LoadingScreen[list[LostRequest]]):
                 cells.plain(request.prompt_tokens),
                 cells.plain(request.main_cause, style="yellow"),
             )
-        subtitle = f"the {SHOWN} that lost most, of all traces" if len(requests) == SHOWN else "all traces"
+        subtitle = f"the {SHOWN} that lost most" if len(requests) == SHOWN else f"all {len(requests)}"
         self.query_one("#requests", Vertical).border_subtitle = (
-            f"{subtitle} · enter: explain" if requests else "no request of this replica was looked up"
+            f"{subtitle} · enter: explain" if requests else f"no request of this replica was looked up in {self.window}"
         )
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -247,6 +247,17 @@ class MainScreen(Screen[None]):
         elif isinstance(event.data_table, ReplicaTable):
             replica = event.data_table.item_at_cursor()
             if replica is not None:
-                self.app.push_screen(
-                    LostRequestsScreen(replica.replica, self.source.lost_requests, self.source.explanation)
-                )
+                self._drill_into(replica.replica)
+
+    def _drill_into(self, replica: str) -> None:
+        """The replica's requests of the window shown (all of them until its figures are)."""
+        figures = self.figures
+        if figures is not None and figures.window == self.window:
+            window, since = self.window, figures.since_ns
+        else:
+            window, since = "all", None
+        self.app.push_screen(
+            LostRequestsScreen(
+                replica, window, lambda name: self.source.lost_requests(name, since), self.source.explanation
+            )
+        )
