@@ -628,3 +628,35 @@ def test_a_failing_hook_leaves_lmcache_serving(tmp_path: Path, monkeypatch: pyte
         LMCacheEngineBuilder.destroy("broken")
         hook.uninstrument()
     assert runtime.failures() == before + 2  # one store, one fetch
+
+
+def test_prevent_tag_is_rank_zeros_fingerprint_on_every_rank() -> None:
+    # Tensor parallelism without a second device: LMCache's own token databases for the two
+    # ranks of one engine, as each worker builds its own.
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from kvaudit.hooks.lmcache import prevent, runtime
+
+    config = LMCacheEngineConfig.from_defaults(chunk_size=256)
+
+    def rank(worker: int) -> ChunkedTokenDatabase:
+        metadata = LMCacheMetadata(
+            model_name="tiny",
+            world_size=2,
+            local_world_size=2,
+            worker_id=worker,
+            local_worker_id=worker,
+            kv_dtype=torch.bfloat16,
+            kv_shape=(2, 2, 256, 2, 16),
+            chunk_size=256,
+        )
+        return ChunkedTokenDatabase(config, metadata)
+
+    first, second = rank(0), rank(1)
+    # Each rank declares its own geometry; the keys of both carry rank 0's, as the vLLM hook's
+    # one tag for a whole request does (a key names its worker already).
+    declared = [runtime.geometry_of(config, db.metadata, first_rank_only=False) for db in (first, second)]
+    assert declared[0] != declared[1]
+    assert prevent.fingerprint_of(first) == prevent.fingerprint_of(second) == declared[0]

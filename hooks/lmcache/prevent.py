@@ -6,6 +6,8 @@ LMCache 0.5.6 puts every `lmcache.tag.*` entry of a request's configuration into
 geometry. With `prevent` on, the instrumentor's wrap of `process_tokens` adds
 `lmcache.tag.kvaudit_geometry=<fingerprint>` there, so a replica whose pages it cannot
 read makes other keys than it: such pages miss by construction, before any byte moves.
+The fingerprint is that of the engine's rank 0 on every rank: a key names its worker
+already, and so every rank tags as the vLLM hook does for a whole request.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def fingerprint_of(database: Any) -> str:
-    """The geometry fingerprint of the engine a token database makes keys for.
+    """The geometry fingerprint (of rank 0) of the engine a token database makes keys for.
 
     `SegmentTokenDatabase` (CacheBlend) keeps no engine configuration: its layout is
     hashed as absent, so there only replicas configured alike share keys.
@@ -33,7 +35,7 @@ def fingerprint_of(database: Any) -> str:
     fingerprint = _FINGERPRINTS.get(database)
     if fingerprint is None:
         config = getattr(database, "config", None)
-        fingerprint = runtime.geometry_of(config, database.metadata, database.save_only_first_rank)
+        fingerprint = runtime.geometry_of(config, database.metadata, database.save_only_first_rank, rank_zero=True)
         _FINGERPRINTS[database] = fingerprint
     return fingerprint
 

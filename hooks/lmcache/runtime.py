@@ -145,12 +145,17 @@ def geometry_config(config: LMCacheEngineConfig | None, metadata: LMCacheMetadat
     )
 
 
-def geometry_of(config: LMCacheEngineConfig | None, metadata: LMCacheMetadata, first_rank_only: bool) -> str:
-    """The geometry fingerprint of an engine's pages (docs/design.md section 4.5)."""
+def geometry_of(
+    config: LMCacheEngineConfig | None, metadata: LMCacheMetadata, first_rank_only: bool, *, rank_zero: bool = False
+) -> str:
+    """The geometry fingerprint of an engine's pages (docs/design.md section 4.5); with
+    `rank_zero`, that of the same engine's rank 0: the value a prevented key carries."""
     kv = geometry_config(config, metadata)
     if first_rank_only:
         # LMCache's MLA keys are the same on every rank (world size 1, rank 0): so is the fingerprint.
         kv = msgspec.structs.replace(kv, world_size=1, rank=0)
+    elif rank_zero:
+        kv = msgspec.structs.replace(kv, rank=0)
     return geometry_fingerprint(kv)
 
 

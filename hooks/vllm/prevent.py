@@ -6,9 +6,9 @@ LMCache's vLLM connector reads a request's `lmcache.*` configuration from
 worker's loads and stores, where each `lmcache.tag.*` entry becomes part of the keys.
 With `prevent` on in the `kvaudit` section, `KVAuditConnector` around `LMCacheConnectorV1`
 adds `lmcache.tag.kvaudit_geometry=<fingerprint>` there before LMCache looks the request
-up (docs/design.md section 4.5): the tag the LMCache hook's own `prevent` adds from inside
-the engine, with the value LMCache's engine on rank 0 computes. A request has one
-configuration for all its ranks, whose keys the worker id already tells apart.
+up (docs/design.md section 4.5): the tag, and the value, the LMCache hook's own `prevent`
+adds from inside the engine, the fingerprint of LMCache's pages on rank 0. A request has
+one configuration for all its ranks, whose keys the worker id already tells apart.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def request_tag(vllm_config: VllmConfig) -> dict[str, str]:
     config = lmcache_get_or_create_config()
     metadata = VllmServiceFactory(config, vllm_config, "scheduler").get_or_create_metadata()
     assert metadata is not None
-    return {TAG: runtime.geometry_of(config, metadata, runtime.saves_only_first_rank(config, metadata))}
+    first_rank_only = runtime.saves_only_first_rank(config, metadata)
+    return {TAG: runtime.geometry_of(config, metadata, first_rank_only, rank_zero=True)}
 
 
 def tag_request(request: Request, tag: dict[str, str]) -> None:
