@@ -13,9 +13,8 @@ one configuration for all its ranks, whose keys the worker id already tells apar
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kvaudit.hooks.lmcache import runtime
 from kvaudit.hooks.lmcache.prevent import TAG
@@ -24,8 +23,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.request import Request
 
-logger = logging.getLogger(__name__)
-TRANSFER_PARAMS = "kv_transfer_params"
+_TRANSFER_PARAMS: Final = "kv_transfer_params"
 
 
 def request_tag(vllm_config: VllmConfig) -> dict[str, str]:
@@ -55,8 +53,8 @@ def tag_request(request: Request, tag: dict[str, str]) -> None:
     if params is None:
         return
     extra: dict[str, Any] = dict(params.extra_args or {})
-    transfer = extra.get(TRANSFER_PARAMS)
+    transfer = extra.get(_TRANSFER_PARAMS)
     if transfer is not None and not isinstance(transfer, Mapping):
         return
-    extra[TRANSFER_PARAMS] = {**(transfer or {}), **tag}
+    extra[_TRANSFER_PARAMS] = {**(transfer or {}), **tag}
     params.extra_args = extra
