@@ -20,16 +20,16 @@ The replicas, each run once for the whole module, two at a time, producers first
     server (lm://)              producer              consumer (clean), split and split_guard
                                                       (the same model with another head split
                                                       of the same width, without and with guard)
-    path (fs://)                path_producer         path_consumer (clean)
+    path (fs://, prevent)       path_producer         path_consumer (clean), upgraded (the other
+                                                      head split)
     raw (fs://, no chunk meta)  raw_producer (the     raw_consumer, raw_guard (without and
                                 raw-pointer fallback) with guard)
-    upgrade (fs://)             old (prevent)         old_peer (prevent, the same model),
-                                                      upgraded (prevent, the other head split)
 
-The upgrade pool is a rolling upgrade with prevention from the vLLM hook (`prevent` in the
+The path pool is a rolling upgrade with prevention from the vLLM hook (`prevent` in the
 `kvaudit` section: the geometry tag in each request's `kv_transfer_params`, the LMCache
-hook's own `prevent` off): a replica not yet upgraded still shares the old pages, the
-upgraded one computes its own; `split_guard` is the same upgrade with the guard only.
+hook's own `prevent` off): a replica not yet upgraded (path_consumer) still shares the
+old pages, the upgraded one computes its own; `split_guard` is the same upgrade with the
+guard only.
 
 The guarded replicas run last in their pools: having refused the producer's pages, a
 guarded replica recomputes them and LMCache stores its own under the same keys,
@@ -72,7 +72,7 @@ pytestmark = [
         find_spec("vllm") is None or find_spec("lmcache") is None,
         reason="vllm and lmcache are installed by scripts/install-vllm.sh and scripts/install-lmcache.sh",
     ),
-    # The first test waits for the module's twelve replicas: about 5.5 minutes on an idle
+    # The first test waits for the module's ten replicas: about 5 minutes on an idle
     # 2-core machine, several times that when other work shares the cores.
     pytest.mark.timeout(3600),
     # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
@@ -128,7 +128,6 @@ def _pools(base: Path, server_url: str) -> dict[str, dict[str, Any]]:
             "lmcache.remote_url": f"fs://localhost:0/{base / 'pool-raw'}",
             "lmcache.extra_config": {"save_chunk_meta": False},
         },
-        "upgrade": {"lmcache.remote_url": f"fs://localhost:0/{base / 'pool-upgrade'}"},
     }
 
 
@@ -199,13 +198,11 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             replica("server", "split", ("producer",), split=True, baseline=True),
             replica("raw", "raw_consumer", ("raw_producer",)),
             replica("server", "consumer", ("producer",)),
-            replica("path", "path_producer"),
+            replica("path", "path_producer", prevent=True),
             replica("server", "split_guard", ("consumer", "split"), split=True, guard=True),
             replica("raw", "raw_guard", ("raw_consumer",), guard=True),
-            replica("path", "path_consumer", ("path_producer",)),
-            replica("upgrade", "old", prevent=True),
-            replica("upgrade", "old_peer", ("old",), prevent=True),
-            replica("upgrade", "upgraded", ("old",), split=True, prevent=True),
+            replica("path", "path_consumer", ("path_producer",), prevent=True),
+            replica("path", "upgraded", ("path_producer",), split=True, prevent=True),
         ]
         yield Deployment(base, run_all(replicas, base / "logs", ENV))
 
@@ -410,6 +407,8 @@ def test_raw_pointer_fallback_with_guard_is_a_safe_miss(deployment: Deployment) 
 
 # ---- a rolling upgrade with prevention from the vLLM hook ----
 
+UPGRADE = ("path_producer", "path_consumer", "upgraded")
+
 
 def _lmcache_pages(deployment: Deployment, pool: str, *names: str) -> list[dict[str, Any]]:
     """The LMCache layer's pages: the engine's fetches, the store plugin's stores."""
@@ -425,7 +424,7 @@ def _lmcache_pages(deployment: Deployment, pool: str, *names: str) -> list[dict[
 
 
 def test_prevent_tag_from_kv_transfer_params_is_each_replicas_own_fingerprint(deployment: Deployment) -> None:
-    store = deployment.store("upgrade", "old", "old_peer", "upgraded")
+    store = deployment.store("path", *UPGRADE)
     try:
         declared = dict(
             store.query("SELECT replica, geometry FROM replicas WHERE engine = 'lmcache' ORDER BY replica")[1]
@@ -435,17 +434,11 @@ def test_prevent_tag_from_kv_transfer_params_is_each_replicas_own_fingerprint(de
     # The tag the vLLM hook put into the requests is the fingerprint LMCache's engine declares.
     tags = {
         (row["replica"], row["key"].rpartition("@kvaudit_geometry%")[2])
-        for row in _lmcache_pages(deployment, "upgrade", "old", "old_peer", "upgraded")
+        for row in _lmcache_pages(deployment, "path", *UPGRADE)
     }
     assert tags == set(declared.items())
-    assert declared["old"] == declared["old_peer"] != declared["upgraded"]
-
-
-def test_prevent_rolling_upgrade_old_replicas_still_share(deployment: Deployment) -> None:
-    baseline = deployment.tokens("producer")
-    assert deployment.tokens("old") == baseline
-    peer = deployment["old_peer"].result[0]
-    assert (peer["cached"], peer["tokens"]) == (CACHED, baseline)
+    # A replica not yet upgraded shares the old pages (test_clean_reuse_across_replicas...[path]).
+    assert declared["path_producer"] == declared["path_consumer"] != declared["upgraded"]
 
 
 def test_prevent_upgraded_replica_misses_without_fetching(deployment: Deployment) -> None:
@@ -453,12 +446,12 @@ def test_prevent_upgraded_replica_misses_without_fetching(deployment: Deployment
     # A miss, and the output of computing it on the upgraded geometry.
     assert upgraded["cached"] == 0
     assert upgraded["tokens"] == deployment.tokens("split", request=1)
-    pages = _lmcache_pages(deployment, "upgrade", "old", "old_peer", "upgraded")
+    pages = _lmcache_pages(deployment, "path", *UPGRADE)
     fetched = [(row["replica"], row["bytes"]) for row in pages if row["op"] == "fetch"]
-    assert fetched == [("old_peer", CHUNK_BYTES)] * CHUNKS
+    assert fetched == [("path_consumer", CHUNK_BYTES)] * CHUNKS
     # The upgraded replica stored its own pages: the reuse prevention forwent, as counted.
     assert len([row for row in pages if row["op"] == "store" and row["replica"] == "upgraded"]) == CHUNKS
-    store = deployment.store("upgrade", "old", "old_peer", "upgraded")
+    store = deployment.store("path", *UPGRADE)
     try:
         assert run_audit(store) == []
         assert run_named(store, "prevented")[1] == [(CHUNKS,)]
