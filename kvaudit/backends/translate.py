@@ -18,6 +18,8 @@ translates most of it; this module adds what kvaudit's queries need beyond that:
   linear interpolation between the two nearest values (sqlglot's `quantile` samples);
 - `to_timestamp(seconds)` keeps its fraction of a second and its time zone (sqlglot's
   translation truncates to whole seconds);
+- `make_timestamp_ns(nanoseconds)` becomes `fromUnixTimestamp64Nano(.., 'UTC')` (sqlglot
+  passes it through, and ClickHouse has no such function);
 - `md5_number_upper(x)` and `md5_number_lower(x)`, the halves of the MD5 digest as
   UBIGINT, are read the same way out of ClickHouse's `MD5(x)`: a hash both engines
   compute alike, where DuckDB's `hash` has no equal in ClickHouse;
@@ -182,6 +184,9 @@ def _rewrite_functions(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.UnixToTime) and node.args.get("scale") is None:
         micros = exp.cast(exp.func("round", exp.Mul(this=node.this, expression=exp.Literal.number("1e6"))), "Int64")
         return exp.Anonymous(this="fromUnixTimestamp64Micro", expressions=[micros, exp.Literal.string("UTC")])
+    if _is_call(node, "make_timestamp_ns") and len(node.expressions) == 1:
+        nanos = exp.cast(node.expressions[0], "Int64")
+        return exp.Anonymous(this="fromUnixTimestamp64Nano", expressions=[nanos, exp.Literal.string("UTC")])
     if isinstance(node, exp.CumeDist):
         return exp.Anonymous(this="cume_dist")
     for name, start in (("md5_number_upper", 1), ("md5_number_lower", 9)):
