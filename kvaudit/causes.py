@@ -34,3 +34,6 @@ class Cause(StrEnum):
 
 
 HITS: Final = frozenset({Cause.HIT_GPU, Cause.HIT_LOCAL, Cause.HIT_POOL})
+# The causes of a missed page, in the order they are decided: also the columns of missed
+# tokens in `queries/reuse_left_requests.sql` and `reuse_left.sql`.
+MISSES: Final = tuple(cause for cause in Cause if not cause.hit)

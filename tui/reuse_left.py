@@ -13,10 +13,9 @@ from typing import Final
 
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
-from kvaudit.causes import Cause
+from kvaudit.causes import MISSES
 
 SHOWN: Final = 100
-_MISSES: Final = tuple(cause.value for cause in Cause if not cause.hit)
 # Most reuse lost first; among equals, most tokens missed: a request the fleet could not have served better
 # still shows what it missed (on one shared pool the achievable prefix is the used one).
 _QUERY: Final = f"""
@@ -62,7 +61,7 @@ def lost_requests(backend: Backend, replica: str, since_ns: int | None = None) -
                 hit_tokens=values["hit_tokens"],
                 achievable_tokens=values["achievable_tokens"],
                 lost_tokens=values["lost_tokens"],
-                missed={cause: values[cause] for cause in _MISSES if values[cause]},
+                missed={cause.value: values[cause] for cause in MISSES if values[cause]},
             )
         )
     return found

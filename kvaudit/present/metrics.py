@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend
-from kvaudit.causes import Cause
+from kvaudit.causes import MISSES
 
 # UCUM units as OpenTelemetry's Prometheus translation spells them.
 _UNIT_WORDS: Final = {"By": "bytes", "s": "seconds", "ms": "milliseconds", "1": "ratio"}
@@ -107,9 +107,8 @@ _CROSS_REPLICA: Final = """
     SELECT consumer, producer, sum(tokens) FROM query_cross_replica_reuse WHERE crossed GROUP BY ALL ORDER BY ALL"""
 _FINDINGS: Final = "SELECT code, rule, severity, count(*) FROM findings GROUP BY ALL ORDER BY ALL"
 _PAGES: Final = "SELECT replica, op, count(*) FROM pages WHERE op IS NOT NULL GROUP BY ALL ORDER BY ALL"
-_MISSES: Final = tuple(cause for cause in Cause if not cause.hit)
 # A request whose spans name no tokens requested has no prompt tokens: NULL, counted as none.
-_REUSE_COLUMNS: Final = ("prompt_tokens", "hit_tokens", "achievable_tokens", *(cause.value for cause in _MISSES))
+_REUSE_COLUMNS: Final = ("prompt_tokens", "hit_tokens", "achievable_tokens", *(cause.value for cause in MISSES))
 # The named query `reuse_left` (a view, see `derived_views`) per replica over all its time buckets.
 _REUSE_LEFT: Final = f"""
     SELECT replica, {", ".join(f"coalesce(sum({column}), 0)" for column in _REUSE_COLUMNS)}
@@ -168,7 +167,7 @@ class TraceMetrics(Collector):
             prompt.add_metric([replica], prompt_tokens)
             hit.add_metric([replica], hit_tokens)
             achievable.add_metric([replica], achievable_tokens)
-            for cause, tokens in zip(_MISSES, per_cause):
+            for cause, tokens in zip(MISSES, per_cause):
                 missed.add_metric([replica, cause.value], tokens)
             if prompt_tokens:
                 hit_ratio.add_metric([replica], hit_tokens / prompt_tokens)

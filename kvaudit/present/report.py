@@ -18,7 +18,7 @@ from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.analyse.capacity import CapacityCurve, capacity_curve
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Source
-from kvaudit.causes import Cause
+from kvaudit.causes import MISSES
 from kvaudit.present.findings import write_table
 from kvaudit.present.rows import write_rows
 from kvaudit.present.terminal import console as terminal_console
@@ -64,7 +64,6 @@ TERMINAL_COLUMNS: Final = {
 # A bucket longer than any trace: the terminal shows one total per replica and layer.
 WHOLE_TRACE_S: Final = 4e9  # ~127 years, and still within int64 nanoseconds
 CAPACITY_POINTS: Final = 64
-MISSES: Final = tuple(cause.value for cause in Cause if not cause.hit)  # reuse_left's columns of missed tokens
 
 
 @dataclass

@@ -20,7 +20,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from kvaudit.present.report import MISSES, Report, Table, capacity_points, headline, reuse_left_by_replica
+from kvaudit.causes import MISSES
+from kvaudit.present.report import Report, Table, capacity_points, headline, reuse_left_by_replica
 from kvaudit.present.units import column_header, column_value, count
 
 FINDINGS_SHOWN: Final = 100
