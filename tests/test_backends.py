@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import math
+import time
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -36,7 +37,7 @@ from kvaudit.backends.translate import to_clickhouse
 from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.otlp.schema import AnyValue, ArrayValue
 from kvaudit.read.decode import attribute_text
 from kvaudit.read.open import open_store
@@ -50,7 +51,8 @@ NOT_IN_CLICKHOUSE = {"file", "line", "dropped_attributes", "dropped_events", "at
 def write_fleet(directory: Path) -> None:
     """Two replicas sharing a pool, with the cases the views, queries and audit rules must agree
     on: complete and incomplete pages, rejected ones, process-local addresses, a wrong size,
-    another layout than the consumer's, keys nobody stored."""
+    another layout than the consumer's, keys nobody stored; and a third replica's GPU cache
+    (vLLM's KV events) taking in blocks from the pool, its own cache and computation."""
     producer = setup_emitter("r1", f"file:{directory}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
     consumer = setup_emitter("r2", f"file:{directory}/r2.jsonl", engine="lmcache", kv=KV, export_delay_s=0.01)
     for n in range(4):
@@ -76,8 +78,38 @@ def write_fleet(directory: Path) -> None:
             op.end(Outcome.MISS if n == 4 else Outcome.HIT, tokens_hit=0 if n == 4 else 96)
     with consumer.operation(Op.EVICT, hook=Hook.LMCACHE_BACKEND, request_id="b0") as op:
         op.end(Outcome.HIT)
-    producer.shutdown()
-    consumer.shutdown()
+    events = setup_emitter("r3", f"file:{directory}/r3.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
+    _gpu_cache(events, time.time_ns())
+    for emitter in (producer, consumer, events):
+        emitter.shutdown()
+
+
+def _gpu_cache(emitter: Emitter, start_ns: int) -> None:
+    """Blocks entering a GPU cache: from the pool (one fetch equally near before and after), held
+    already, computed after an eviction, and fetched too late to count."""
+
+    def operation(op: Op, at_s: float, keys: list[str], tier: str = "gpu") -> None:
+        gpu = tier == "gpu"
+        with emitter.operation(
+            op,
+            hook=Hook.VLLM_KV_EVENTS if gpu else Hook.LMCACHE_ENGINE,
+            backend="vllm.prefix_cache" if gpu else f"lmcache.{tier}",
+            at_ns=start_ns + int(at_s * 1e9),
+        ) as operation:
+            for index, key in enumerate(keys):
+                used = None if gpu else True
+                operation.add_page(
+                    PageDescriptor(key=key, token_start=16 * index, token_end=16 * index + 16, tier=tier, used=used)
+                )
+
+    operation(Op.FETCH, 0, ["e1"], "cpu")
+    operation(Op.STORE, 0.5, ["e1", "e2"])  # e1 from the pool, e2 computed
+    operation(Op.EVICT, 1, ["e2"])
+    operation(Op.STORE, 2, ["e1", "e2"])  # e1 held, e2 computed again
+    operation(Op.FETCH, 3.5, ["e2"], "cpu")  # beyond the skew
+    operation(Op.FETCH, 5, ["e3"], "cpu")
+    operation(Op.FETCH, 6, ["e3"], "remote")
+    operation(Op.STORE, 5.5, ["e3"])  # as near the cpu fetch as the remote one: the earlier wins
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +213,25 @@ def test_named_queries_agree(backends, name):
     assert answers(clickhouse, load(name)) == answers(duck, load(name))
 
 
-# evictions/hit_tier is left out: its correlated subquery (the nearest fetch of the key) does
-# not translate to ClickHouse.
-@pytest.mark.parametrize("name", ["evictions/before_reuse", "evictions/occupancy", "evictions/rates"])
+@pytest.mark.parametrize(
+    "name", ["evictions/before_reuse", "evictions/hit_tier", "evictions/occupancy", "evictions/rates"]
+)
 def test_eviction_queries_agree(backends, name):
     duck, clickhouse = backends
-    assert answers(clickhouse, load(name)) == answers(duck, load(name))
+    expected = answers(duck, load(name))
+    assert expected[1], "the fleet must give every eviction query rows"
+    assert answers(clickhouse, load(name)) == expected
+
+
+def test_hit_tier_names_where_each_block_came_from(duck):
+    _, rows = duck.query(load("evictions/hit_tier"))
+    assert [(key, served, tier) for _, _, key, _, _, served, _, tier in rows if key.startswith("e")] == [
+        ("e1", "pool", "cpu"),
+        ("e2", "miss", None),
+        ("e1", "gpu", None),
+        ("e2", "miss", None),
+        ("e3", "pool", "cpu"),
+    ]
 
 
 # Constructs the named queries and audit rules rely on, each of which sqlglot alone
@@ -255,9 +300,9 @@ def test_audit_findings_agree(backends):
 def test_audit_by_partition_agrees(backends):
     duck, clickhouse = backends
     expected = [dataclasses.replace(f, file=None, line=None) for f in run_audit(duck)]
-    # Four partitions of the one day: key-hash buckets of two fetched pages or so each.
-    assert len(plan(clickhouse, rows_per_partition=4)) == 4
-    assert run_audit_by_partition(clickhouse, rows_per_partition=4) == expected
+    # Four partitions of the one day (20 fetched pages): key-hash buckets of five or so each.
+    assert len(plan(clickhouse, rows_per_partition=5)) == 4
+    assert run_audit_by_partition(clickhouse, rows_per_partition=5) == expected
 
 
 @pytest.mark.parametrize("sample_rate", [1.0, 0.5])

@@ -17,20 +17,24 @@ WITH gpu AS (
     FROM pages
     WHERE tier = 'gpu' AND op IN ('store', 'evict')
 ),
-fetched AS (
-    SELECT replica, key, time_ns, backend, tier
-    FROM pages
-    WHERE op = 'fetch' AND used
+-- The fetch of each stored block nearest in time, within the skew: a join and a rank rather
+-- than a correlated subquery, which ClickHouse cannot run.
+nearest AS (
+    SELECT g.replica, g.backend, g.key, g.token_start, g.time_ns, f.backend AS pool_backend, f.tier AS pool_tier,
+           row_number() OVER (
+               PARTITION BY g.replica, g.backend, g.key, g.token_start, g.time_ns
+               ORDER BY abs(f.time_ns - g.time_ns), f.time_ns, f.backend, f.tier
+           ) AS nearness
+    FROM gpu g
+    JOIN pages f ON f.replica = g.replica AND f.key = g.key
+    WHERE g.op = 'store' AND f.op = 'fetch' AND f.used AND abs(f.time_ns - g.time_ns) <= 1000000000
 )
 SELECT g.replica, make_timestamp_ns(g.time_ns) AS time, g.key, g.token_start, g.token_end,
-       CASE WHEN g.held THEN 'gpu' WHEN f.key IS NOT NULL THEN 'pool' ELSE 'miss' END AS served_from,
-       f.backend AS pool_backend, f.tier AS pool_tier
+       CASE WHEN g.held THEN 'gpu' WHEN n.key IS NOT NULL THEN 'pool' ELSE 'miss' END AS served_from,
+       n.pool_backend, n.pool_tier
 FROM gpu g
-LEFT JOIN LATERAL (
-    SELECT * FROM fetched f
-    WHERE f.replica = g.replica AND f.key = g.key AND abs(f.time_ns - g.time_ns) <= 1000000000
-    ORDER BY abs(f.time_ns - g.time_ns)
-    LIMIT 1
-) f ON true
+LEFT JOIN nearest n
+       ON n.replica = g.replica AND n.key = g.key AND n.backend IS NOT DISTINCT FROM g.backend
+      AND n.token_start IS NOT DISTINCT FROM g.token_start AND n.time_ns = g.time_ns AND n.nearness = 1
 WHERE g.op = 'store'
 ORDER BY g.replica, g.time_ns, g.token_start, g.key;
