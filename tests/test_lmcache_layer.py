@@ -7,6 +7,10 @@ names, and how LMCache's hooks find the vLLM operation they run under.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("vllm", reason="vllm is installed by scripts/install-vllm.sh")
@@ -16,7 +20,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT
 from kvaudit.contract import Op, PageDescriptor
 from kvaudit.hooks.lmcache.links import _MAX_LINKS, Link, Links
 from kvaudit.hooks.vllm.lmcache_layer import LayerSettings, LMCacheUnit, layer_export
-from kvaudit.hooks.vllm.settings import AuditSettings
+from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config
 
 # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
@@ -48,6 +52,40 @@ def test_layer_settings_from_the_one_kvaudit_section():
         LayerSettings.from_extra_config({"kvaudit": {"lmcache": "yes"}}, SETTINGS)
     with pytest.raises(ValueError, match="checksum_rate"):
         LayerSettings.from_extra_config({"kvaudit": {"lmcache": {"checksum_rate": "often"}}}, SETTINGS)
+
+
+def test_a_misspelt_option_is_named_not_dropped_silently(caplog: pytest.LogCaptureFixture):
+    extra = {"kvaudit": {"wrap": "LMCacheConnectorV1", "replica": "r1", "gaurd": True, "lmcache": {"registy": "/r"}}}
+    with caplog.at_level(logging.WARNING, logger="kvaudit.hooks.vllm.settings"):
+        settings = AuditSettings.from_extra_config(extra)
+        LayerSettings.from_extra_config(extra, settings)
+    assert not settings.guard
+    section, layer = (record.getMessage() for record in caplog.records)
+    assert 'kv_connector_extra_config["kvaudit"]: unknown key gaurd ignored' in section and "guard" in section
+    assert '["kvaudit"]["lmcache"]: unknown key registy ignored' in layer and "registry" in layer
+
+
+def test_the_example_deployments_configuration_is_read_whole(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """`examples/reference_deployment.py`'s configuration (README "The reference deployment"),
+    as vLLM and both hooks read it: every key known, its connector LMCache's."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from kvaudit.hooks.vllm.lmcache_layer import wraps_lmcache
+
+    path = Path(__file__).parent.parent / "examples" / "reference_deployment.py"
+    spec = importlib.util.spec_from_file_location("reference_deployment", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    config = KVTransferConfig(**example.transfer_config("r1", "lm://127.0.0.1:65000", tmp_path))
+    extra = config.kv_connector_extra_config
+    with caplog.at_level(logging.WARNING, logger="kvaudit.hooks.vllm.settings"):
+        settings = AuditSettings.from_extra_config(extra)
+        layer = LayerSettings.from_extra_config(extra, settings)
+    assert not caplog.records
+    assert settings.guard and layer.registry == str(tmp_path / "registry")
+    assert wraps_lmcache(KVConnectorFactory.get_connector_class(inner_transfer_config(config, settings)))
 
 
 def _block(index: int) -> PageDescriptor:

@@ -36,7 +36,7 @@ from kvaudit.contract import Op, PageDescriptor, Transfer
 from kvaudit.hooks.vllm.formats import CPU_PAGED_LAYOUT, Unit, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry
 from kvaudit.hooks.vllm.plans import RequestPlan, external_request_id
-from kvaudit.hooks.vllm.settings import SECTION, AuditSettings
+from kvaudit.hooks.vllm.settings import LAYER_SECTION, SECTION, AuditSettings, warn_unknown
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 KVCaches = dict[str, "torch.Tensor"]
 
-LAYER_SECTION: Final = "lmcache"
 BACKEND: Final = "vllm.LMCacheConnectorV1"
 # Plans of requests whose later steps may still load or store (chunked prefill):
 # kept per worker, the oldest dropped past this bound.
@@ -81,6 +80,7 @@ class LayerSettings:
             checksum_rate = float(section.get("checksum_rate", 0.0))
         except (TypeError, ValueError):
             raise ValueError(f"kvaudit {LAYER_SECTION}.checksum_rate must be a number") from None
+        warn_unknown(f'kv_connector_extra_config["{SECTION}"]["{LAYER_SECTION}"]', section, cls)
         return cls(
             export=section.get("export", layer_export(settings.export)),
             registry=section.get("registry"),

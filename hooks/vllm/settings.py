@@ -11,14 +11,34 @@ kv_connector_extra_config={
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
 
+logger = logging.getLogger(__name__)
+
 SECTION: Final = "kvaudit"
+# The subsection of the LMCache hook's options (kvaudit.hooks.vllm.lmcache_layer.LayerSettings).
+LAYER_SECTION: Final = "lmcache"
+
+
+def warn_unknown(where: str, section: dict[str, Any], settings: type, *more: str) -> None:
+    """One warning naming the keys of `section` that neither a field of the `settings`
+    dataclass nor one of `more` reads: a misspelt option is not silently dropped."""
+    known = [*(field.name for field in fields(settings)), *more]
+    unknown = sorted(str(key) for key in section if key not in known)
+    if unknown:
+        logger.warning(
+            "kvaudit: %s: unknown key%s %s ignored (known: %s)",
+            where,
+            "s" if len(unknown) > 1 else "",
+            ", ".join(unknown),
+            ", ".join(sorted(known)),
+        )
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,7 @@ class AuditSettings:
                 'KVAuditConnector needs kv_connector_extra_config={"kvaudit": '
                 '{"wrap": <connector>, "replica": <replica id>, ...}}'
             )
+        warn_unknown(f'kv_connector_extra_config["{SECTION}"]', section, cls, LAYER_SECTION)
         return cls(
             wrap=str(section["wrap"]),
             replica=str(section["replica"]),
