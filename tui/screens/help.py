@@ -20,7 +20,7 @@ KEYS: Final = (
     (
         "enter",
         "open a finding (its fetched descriptor beside the stored one), a replica (the requests"
-        " that left the most reuse on the table), or one such request (its explain)",
+        " of the window that left the most reuse on the table), or one such request (its explain)",
     ),
     ("escape", "back"),
     ("1 2 3 4", "window: last minute, 5 minutes, hour, everything (every panel answers for it)"),
