@@ -16,8 +16,10 @@ consumer sharing a store, wrapped in KVAuditConnector, and the same pair unwrapp
   stored ones, each with every field a fetch must carry, used; the audit finds
   nothing (tests/test_vllm_hook.py on the CPU).
 - LMCacheConnectorV1 (an LMCache server between the replicas): outputs and cache hits
-  as unwrapped, a traced lookup and fetch on the consumer (its objects are opaque to
-  the hook: key and token range only).
+  as unwrapped, a traced lookup and fetch on the consumer at the vLLM layer, and the
+  LMCache layer the hook installs in the worker (docs/design.md section 6.4): its
+  fetched chunks traced, every fetched vLLM block joined to the chunk that served it,
+  and no finding in the audit of both layers (tests/test_seed_topology.py on the CPU).
 - Since vLLM 0.33, sleep mode: an engine with `enable_sleep_mode` and the wrapper
   starts (vLLM asks the wrapped class whether it supports sleep mode), sleeps, wakes
   (unregister/restore_kv_caches forwarded) and generates what it did before.
@@ -49,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from tiny_model import tiny_llama  # noqa: E402  (the CPU tests' model)
 
 from kvaudit.analyse.audit import run_audit  # noqa: E402
-from kvaudit.contract import REQUIRED_ON_FETCH  # noqa: E402
+from kvaudit.contract import REQUIRED_ON_FETCH, Hook  # noqa: E402
 from kvaudit.read.open import open_store  # noqa: E402
 
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(400)]  # the CPU tests' prompt
@@ -147,12 +149,13 @@ def all_ran(checks: Checks, case: str, runs: dict[str, dict[str, Any]]) -> bool:
     return not any("error" in run for run in runs.values())
 
 
-def pages(out: Path, replica: str, op: str) -> list[dict[str, Any]]:
+def pages(out: Path, replica: str, op: str, hook: Hook = Hook.VLLM_CONNECTOR) -> list[dict[str, Any]]:
+    """The pages one layer of `replica` recorded (the vLLM hook's by default)."""
     store = open_store([str(out / "traces")])
     try:
         columns, rows = store.query(
-            "SELECT * FROM pages WHERE replica = $replica AND op = $op ORDER BY token_start",
-            {"replica": replica, "op": op},
+            "SELECT * FROM pages WHERE replica = $replica AND op = $op AND hook = $hook ORDER BY token_start",
+            {"replica": replica, "op": op, "hook": hook.value},
         )
     finally:
         store.close()
@@ -246,13 +249,25 @@ def lmcache_connector(checks: Checks, out: Path) -> None:
     checks.check(case, "lm2 cached tokens > 0", True, lm2["cached"] > 0)
     store = open_store([str(out / "traces")])
     try:
-        _, rows = store.query("SELECT op, outcome, tokens_hit FROM spans WHERE replica = 'lm2' AND op IS NOT NULL")
+        _, rows = store.query(
+            "SELECT op, outcome, tokens_hit FROM spans WHERE replica = 'lm2' AND op IS NOT NULL AND hook = $hook",
+            {"hook": Hook.VLLM_CONNECTOR.value},
+        )
+        findings = [(f.replica, f.code) for f in run_audit(store)]
     finally:
         store.close()
     ops = {op: (outcome, hit) for op, outcome, hit in rows}
     checks.check(case, "lm2 lookup tokens hit", lm2["cached"], ops.get("lookup", (None, None))[1])
     checks.check(case, "lm2 fetch tokens hit", lm2["cached"], ops.get("fetch", (None, None))[1])
-    checks.check(case, "lm2 fetched pages", lm2["cached"] // BLOCK, len(pages(out, "lm2", "fetch")))
+    blocks = pages(out, "lm2", "fetch")
+    checks.check(case, "lm2 fetched pages", lm2["cached"] // BLOCK, len(blocks))
+    chunks = pages(out, "lm2", "fetch", Hook.LMCACHE_ENGINE)
+    checks.check(case, "lm2 LMCache layer: chunks fetched", True, len(chunks) > 0)
+    # Joined: the block names a chunk fetched in its own trace (LMCache's span is a child of vLLM's).
+    served = {(chunk["trace_id"], chunk["key"]) for chunk in chunks}
+    unjoined = [block["key"] for block in blocks if (block["trace_id"], block["source_key"]) not in served]
+    checks.check(case, "lm2 blocks without their chunk", [], unjoined)
+    checks.check(case, "audit findings (both layers)", [], findings)
 
 
 def sleep_mode(checks: Checks, out: Path) -> None:
