@@ -12,6 +12,7 @@ from typing import Final
 
 _UNITS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _ORDER: Final = ("y", "w", "d", "h", "m", "s", "ms")
+DAY_NS: Final = int(_UNITS["d"]) * 10**9  # the UTC day partitions of traces (Parquet, the audit by day)
 _PATTERN: Final = re.compile("".join(rf"(?:(\d+){unit})?" for unit in _ORDER))
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from kvaudit.analyse.named_queries import load
 from kvaudit.cli import main
-from kvaudit.contract import Hook, Op, Outcome
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.durations import DAY_NS
 from kvaudit.emit.emitter import setup_emitter
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
@@ -85,3 +86,34 @@ def test_a_column_the_files_lack_reads_as_null(fleet):
     assert store.query("SELECT count(*), count(tokens_hit) FROM spans")[1] == [
         (from_json.query("SELECT count(*) FROM spans")[1][0][0], 0)
     ]
+
+
+def test_each_day_and_replica_is_written_apart_a_replica_unnamed_too(tmp_path: Path):
+    """Pages of two days, and of a process that declared no replica id, each in their own
+    partition (written one at a time: kvaudit.read.parquet), every file sorted by key."""
+    emitter = setup_emitter("r1", f"file:{tmp_path}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
+    for n, at_ns in enumerate((1_796_083_200 * 10**9 + 5, 1_796_083_200 * 10**9 + DAY_NS + 5)):
+        with emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id=f"q{n}", at_ns=at_ns) as op:
+            for index in (1, 0):
+                op.add_page(PageDescriptor(key=f"k{n}{index}", token_start=index * 32, token_end=index * 32 + 32))
+    emitter.shutdown()
+    line = (tmp_path / "r1.jsonl").read_text().splitlines()[0]
+    (tmp_path / "unnamed.jsonl").write_text(line.replace('"service.instance.id"', '"not.the.replica"') + "\n")
+    dataset = tmp_path / "dataset"
+    assert (
+        main(["ingest", str(tmp_path / "r1.jsonl"), str(tmp_path / "unnamed.jsonl"), "--parquet", str(dataset), "-q"])
+        == 0
+    )
+    folders = sorted(str(f.parent.relative_to(dataset / "pages")) for f in (dataset / "pages").rglob("*.parquet"))
+    unnamed = "replica=__HIVE_DEFAULT_PARTITION__"
+    assert folders == [
+        f"day={day}/{replica}" for day in ("2026-12-01", "2026-12-02") for replica in (unnamed, "replica=r1")
+    ]
+    for file in (dataset / "pages").rglob("*.parquet"):
+        keys = pq.read_table(file, columns=["key"]).column("key").to_pylist()
+        assert keys == sorted(keys)
+    from_json, from_parquet = (
+        open_store([str(tmp_path / "r1.jsonl"), str(tmp_path / "unnamed.jsonl")]),
+        open_store([str(dataset)]),
+    )
+    assert rows(from_parquet, "SELECT replica, key FROM pages") == rows(from_json, "SELECT replica, key FROM pages")

@@ -32,8 +32,8 @@ from typing import Final
 from kvaudit.analyse.audit import Finding, audit_statements, findings, page_rules, prepare, sort_key, trace_rules
 from kvaudit.backends import Source, as_backend
 from kvaudit.contract import Op
+from kvaudit.durations import DAY_NS
 
-DAY_NS: Final = 86_400 * 10**9
 LOOKBACK_S: Final = 86_400.0
 # Fetched pages per partition: about 2 GiB at the peak on DuckDB and chdb, from the measured
 # 1 GiB at half a million and 4.6 GiB at five million (docs/scale.md).

@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvaudit.durations import DAY_NS
 from kvaudit.read import positions
 from kvaudit.read.columns import DUCKDB_TYPE, TABLES
 from kvaudit.read.files import Cursors
@@ -63,26 +64,45 @@ def write(store: TraceStore, root: str) -> dict[str, int]:
     written = {}
     for table, (time_column, order) in LAYOUT.items():
         folder = _folder(root, table)
-        rows = f"SELECT * FROM {table} ORDER BY {order}"
+        count = store.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
         if time_column is None:
             Path(folder).mkdir(exist_ok=True)
-            target, options = f"{folder}/part_{uuid.uuid4()}.parquet", "FORMAT parquet"
+            _write_file(store.con, f"SELECT * FROM {table} ORDER BY {order}", folder)
+        elif count:
+            _write_partitions(store.con, table, time_column, order, folder)
         else:
-            day = f"strftime(make_timestamp_ns({time_column}), '%Y-%m-%d') AS day"
-            rows = f"SELECT *, {day} FROM {table} ORDER BY {order}"
-            target = folder
-            options = "FORMAT parquet, PARTITION_BY (day, replica), APPEND, FILENAME_PATTERN 'part_{uuid}'"
-        count = store.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
-        if time_column is not None and not count:
             # A partitioned write of no rows writes no file, and a glob matching none fails:
             # keep the table's schema in a file of the default (NULL) partitions.
             default = f"{folder}/day={_NULL_PARTITION}/replica={_NULL_PARTITION}"
             Path(default).mkdir(parents=True, exist_ok=True)
-            rows = f"SELECT * EXCLUDE (replica) FROM {table}"
-            target, options = f"{default}/part_{uuid.uuid4()}.parquet", "FORMAT parquet"
-        store.con.execute(f"COPY ({rows}) TO '{_escape(target)}' ({options})")
+            _write_file(store.con, f"SELECT * EXCLUDE (replica) FROM {table}", default)
         written[table] = count
     return written
+
+
+def _write_file(con: duckdb.DuckDBPyConnection, rows: str, folder: str) -> None:
+    """The rows as one new file in `folder`."""
+    con.execute(f"COPY ({rows}) TO '{_escape(f'{folder}/part_{uuid.uuid4()}.parquet')}' (FORMAT parquet)")
+
+
+def _write_partitions(con: duckdb.DuckDBPyConnection, table: str, time_column: str, order: str, folder: str) -> None:
+    """The table's rows by day and replica, one partition at a time.
+
+    Each partition is sorted on its own: one sort of the whole table spills it whole to
+    disk past DuckDB's memory limit (100M page descriptors: more than 40 GB), where one
+    partition's sort holds only that partition.
+    """
+    day = f"strftime(make_timestamp_ns({time_column}), '%Y-%m-%d')"
+    # Chosen by day number, an integer division, rather than by the day's text per row.
+    number = f"{time_column} // {DAY_NS}"
+    partitions = con.execute(f"SELECT DISTINCT {number}, replica FROM {table} ORDER BY ALL").fetchall()
+    options = "FORMAT parquet, PARTITION_BY (day, replica), APPEND, FILENAME_PATTERN 'part_{uuid}'"
+    for day_number, replica in partitions:
+        rows = (
+            f"SELECT *, {day} AS day FROM {table}"
+            f" WHERE {number} IS NOT DISTINCT FROM $day AND replica IS NOT DISTINCT FROM $replica ORDER BY {order}"
+        )
+        con.execute(f"COPY ({rows}) TO '{_escape(folder)}' ({options})", {"day": day_number, "replica": replica})
 
 
 def read_positions(root: str) -> Cursors:
