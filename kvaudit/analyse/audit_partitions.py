@@ -35,8 +35,8 @@ from kvaudit.contract import Op
 from kvaudit.durations import DAY_NS
 
 LOOKBACK_S: Final = 86_400.0
-# Fetched pages per partition: about 2 GiB at the peak on DuckDB and chdb, from the measured
-# 1 GiB at half a million and 4.6 GiB at five million (docs/scale.md).
+# Fetched pages per partition: 2.4-2.7 GiB at the peak, measured on DuckDB and Parquet at 10M and
+# 100M descriptors, between chdb's 1 GiB at half a million and 4.6 GiB at five million (docs/scale.md).
 ROWS_PER_PARTITION: Final = 2_000_000
 TRACES: Final = "traces"  # the partition name of the rules over the traces as a whole
 _EPOCH: Final = dt.date(1970, 1, 1)
