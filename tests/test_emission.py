@@ -142,8 +142,10 @@ def test_exceptions_inside_emission_never_reach_the_caller(caplog: pytest.LogCap
     with caplog.at_level(logging.WARNING):
         op = emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR)
         op.add_page("not a descriptor")  # type: ignore[arg-type]
-        op.end(Outcome.HIT)  # summing bytes over a bad page fails inside
-    assert emitter.stats.errors == 1
+        op.end(Outcome.HIT)
+        emitter.flush()  # summing bytes over a bad page fails inside, where the exporter builds the span
+    assert (emitter.stats.errors, emitter.stats.dropped_spans) == (1, 1)
+    assert [span.name for span in capture.spans] == [TelemetryAttr.SPAN_NAME]  # the loss, reported
     assert "emission failed" in caplog.text
 
 

@@ -19,7 +19,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT
 
 from kvaudit.contract import Op, PageDescriptor
 from kvaudit.hooks.lmcache.links import _MAX_LINKS, Link, Links
-from kvaudit.hooks.vllm.lmcache_layer import LayerSettings, LMCacheUnit, layer_export
+from kvaudit.hooks.vllm.lmcache_layer import LayerSettings, LMCacheUnit, layer_export, name_sources
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config
 
 # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
@@ -93,13 +93,31 @@ def _block(index: int) -> PageDescriptor:
 
 
 def test_each_block_names_the_chunk_holding_its_last_token():
-    unit = LMCacheUnit(pages=[_block(i) for i in range(10)])
-    first = PageDescriptor(key="c0", token_start=0, token_end=256, used=True)
-    unit.tell([first])
-    assert [p.source_key for p in unit.pages] == ["c0"] * 8 + [None, None]
+    blocks = [_block(i) for i in range(10)]
+    unit = LMCacheUnit()
+    unit.tell([PageDescriptor(key="c0", token_start=0, token_end=256, used=True)])
+    name_sources(blocks, unit.chunks)
+    assert [p.source_key for p in blocks] == ["c0"] * 8 + [None, None]
     # A later report (LMCache's next call for the request) names the rest.
     unit.tell([PageDescriptor(key="c1", token_start=256, token_end=512, used=False)])
-    assert [(p.source_key, p.used) for p in unit.pages[7:]] == [("c0", True), ("c1", False), ("c1", False)]
+    name_sources(blocks, unit.chunks)
+    assert [(p.source_key, p.used) for p in blocks[7:]] == [("c0", True), ("c1", False), ("c1", False)]
+
+
+def test_a_fetch_is_judged_a_chunk_at_a_time():
+    chunks = [
+        PageDescriptor(key="c0", token_start=0, token_end=256, used=True),
+        PageDescriptor(key="c1", token_start=256, token_end=1000, used=True),  # a prompt's partial last chunk
+    ]
+    unit = LMCacheUnit(reports=[chunks])
+    assert unit.first_rejected(0, 31, 32, guard=True) is None  # block 30 ends at token 991
+    # Block 31 (tokens 992-1023) ends past every chunk: no chunk served it.
+    assert unit.first_rejected(0, 32, 32, guard=True) == 31
+    assert unit.first_rejected(0, 32, 32, guard=False) is None
+    assert unit.first_rejected(4, 20, 32, guard=True) is None  # a unit starting past local blocks
+    chunks[1].used = False  # the guard rejected the second chunk: from block 7 on (its last token 255 is c0's)
+    assert unit.first_rejected(0, 31, 32, guard=True) == 8
+    assert unit.first_rejected(2, 29, 32, guard=True) == 6
 
 
 def test_links_find_the_operation_above_by_engine_request_id_and_op():

@@ -15,7 +15,7 @@ LMCache lookup only takes the request id the layer above names the request by.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -38,12 +38,13 @@ class Link:
         parent: the layer above's span: LMCache's spans for the request are its children.
         on_pages: told the pages of each LMCache operation for the request, in key order:
             every requested chunk of a fetch, those LMCache did not get with `used=False`;
-            every chunk of a store. Called inside the LMCache hook, which fails open.
+            every chunk of a store, as descriptors made when first read (`StoredPages`).
+            Called inside the LMCache hook, which fails open.
     """
 
     request_id: str
     parent: SpanContext
-    on_pages: Callable[[list[PageDescriptor]], None]
+    on_pages: Callable[[Sequence[PageDescriptor]], None]
 
 
 class Links:

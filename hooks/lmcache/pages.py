@@ -12,7 +12,8 @@ put there, so only the producer's store descriptor says which geometry computed 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final, NamedTuple, overload
 
 from kvaudit.contract import PageDescriptor, Tier, Transfer
 
@@ -60,9 +61,23 @@ def dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class ObjectFacts(NamedTuple):
+    """What a stored page's descriptor reads off its memory object, read while LMCache holds it
+    (an allocator may recycle the object, and its metadata, once the store is done)."""
+
+    dtype: object
+    shape: tuple[int, ...]
+    memory_format: object
+    size: int
+
+
+def object_facts(obj: MemoryObj) -> ObjectFacts:
+    return ObjectFacts(obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size())
+
+
 def store_page(
     key: CacheEngineKey,
-    obj: MemoryObj,
+    facts: ObjectFacts,
     metadata: LMCacheMetadata,
     hash_algo: str | None,
     token_range: tuple[int, int] | None,
@@ -78,10 +93,10 @@ def store_page(
         token_start=start,
         token_end=end,
         model=key.model_name,
-        dtype=dtype_name(obj.get_dtype()),
-        shape=tuple(obj.get_shape()),
-        layout=obj.get_memory_format().name,
-        bytes=obj.get_size(),
+        dtype=dtype_name(facts.dtype),
+        shape=tuple(facts.shape),
+        layout=facts.memory_format.name,  # type: ignore[attr-defined]
+        bytes=facts.size,
         world_size=key.world_size,
         rank=key.worker_id,
         layers=layers,
@@ -92,6 +107,51 @@ def store_page(
         transfer=Transfer.COPY,
         geometry=geometry,
     )
+
+
+class StoredPages(Sequence[PageDescriptor]):
+    """The descriptors of one store's pages, made when first read.
+
+    The store records keys, token ranges and `ObjectFacts`; the descriptors are made by
+    whoever reads them first, an exporter thread unless a registry needs them at once.
+    Two threads reading at once make equal lists, and one is kept.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[CacheEngineKey],
+        facts: list[tuple[ObjectFacts, tuple[int, int] | None, str | None]],
+        metadata: LMCacheMetadata,
+        hash_algo: str | None,
+        geometry: str | None,
+    ) -> None:
+        self._keys, self._facts, self._metadata = keys, facts, metadata
+        self._hash_algo, self._geometry = hash_algo, geometry
+        self._pages: list[PageDescriptor] | None = None
+
+    def _made(self) -> list[PageDescriptor]:
+        pages = self._pages
+        if pages is None:
+            pages = self._pages = [
+                store_page(key, facts, self._metadata, self._hash_algo, token_range, checksum, self._geometry)
+                for key, (facts, token_range, checksum) in zip(self._keys, self._facts, strict=False)
+            ]
+        return pages
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    @overload
+    def __getitem__(self, index: int) -> PageDescriptor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[PageDescriptor]: ...
+
+    def __getitem__(self, index: int | slice) -> PageDescriptor | Sequence[PageDescriptor]:
+        return self._made()[index]
+
+    def __iter__(self) -> Iterator[PageDescriptor]:
+        return iter(self._made())
 
 
 def fetch_page(

@@ -21,7 +21,7 @@ from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.hooks.lmcache import runtime
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
 from kvaudit.hooks.lmcache.links import LINKS
-from kvaudit.hooks.lmcache.pages import backend_label, store_page
+from kvaudit.hooks.lmcache.pages import StoredPages, backend_label, object_facts
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -98,25 +98,19 @@ class KvauditStorePlugin(StoragePluginInterface):
         rate, registry, stored = state.options.checksum_rate, state.registry, 0
         if self._geometry is None:
             self._geometry = state.kv_config(self.config, self.metadata).geometry
-        geometry = self._geometry
-        pages = []
+        # Read now, while LMCache holds the objects; the descriptors are made later (StoredPages).
+        facts = []
         for key, obj in zip(keys, objs, strict=False):
             token_range = state.range_of(key)
-            page = store_page(
-                key,
-                obj,
-                self.metadata,
-                state.hash_algo,
-                token_range,
-                payload_checksum(obj) if sampled(key, rate) else None,
-                geometry,
-            )
-            op.add_page(page)
-            pages.append(page)
-            if registry is not None:
-                registry.put(key, page)
+            facts.append((object_facts(obj), token_range, payload_checksum(obj) if sampled(key, rate) else None))
             if token_range is not None:
                 stored += token_range[1] - token_range[0]
+        pages = StoredPages(keys, facts, self.metadata, state.hash_algo, self._geometry)
+        if registry is not None:
+            # Consumers compare what they fetch with this at once: made here, not later.
+            for key, page in zip(keys, pages, strict=False):
+                registry.put(key, page)
+        op.add_pages(lambda: pages)
         op.end(Outcome.HIT, tokens_stored=stored or None)
         if link is not None:
             link.on_pages(pages)

@@ -77,7 +77,10 @@ class Runtime:
         self._emitter = emitter
         self._owns_emitter = emitter is None
         self._lock = threading.Lock()
-        self._ranges: dict[CacheEngineKey, tuple[int, int]] = {}
+        # By chunk hash, not by key: CacheEngineKey hashes and compares in Python, at every
+        # chunk of every store and fetch; and a chunk hash, the hash of its whole prefix,
+        # alone fixes the chunk's token range.
+        self._ranges: dict[int | bytes, tuple[int, int]] = {}
 
     def emitter(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> Emitter:
         if self._emitter is None:
@@ -106,14 +109,14 @@ class Runtime:
 
     def remember_range(self, key: CacheEngineKey, start: int, end: int) -> None:
         ranges = self._ranges
-        ranges[key] = (start, end)
+        ranges[key.chunk_hash] = (start, end)
         if len(ranges) > _MAX_RANGES:
             # Dicts keep insertion order: drop the oldest quarter in one go.
             for old in list(ranges)[: _MAX_RANGES // 4]:
                 ranges.pop(old, None)
 
     def range_of(self, key: CacheEngineKey) -> tuple[int, int] | None:
-        return self._ranges.get(key)
+        return self._ranges.get(key.chunk_hash)
 
     def flush(self) -> None:
         if self._emitter is not None:

@@ -31,6 +31,7 @@ How it is built, for those who build on it:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -212,18 +213,35 @@ class KVAuditConnector(KVConnectorBase_V1):
         if not loads:
             return self._inner.start_load_kv(forward_context, **kwargs)
         fetches = [self._operation(Op.FETCH, unit) for unit in loads]
+        layered = isinstance(self._format, lmcache_layer.LMCacheFormat)
         # Described before the load: the guard decides on what the objects say, not on
-        # what the inner connector did with them.
-        described = [self._describe_fetch(unit) for unit in loads]
+        # what the inner connector did with them. LMCache's blocks are judged by the
+        # chunks its hook reports during the load instead.
+        described = [] if layered else [self._describe_fetch(unit) for unit in loads]
         try:
             answer = self._inner.start_load_kv(forward_context, **kwargs)
         except BaseException:
             for fetch in fetches:
                 fetch.end(Outcome.ERROR)
             raise
+        if layered:
+            for unit, fetch in zip(loads, fetches):
+                self._finish_layered_fetch(unit, fetch)
         for unit, fetch, pages in zip(loads, fetches, described):
             self._finish_fetch(unit, fetch, pages)
         return answer
+
+    def _finish_layered_fetch(self, unit: Unit, fetch: Operation) -> None:
+        """End a fetch LMCache served; its blocks' descriptors are made on the exporter thread."""
+        assert isinstance(self._format, lmcache_layer.LMCacheFormat)
+        rejected = self._observed(self._format.finish_fetch, unit, fetch, self._settings.guard)
+        if rejected is None:
+            # The hook's own failure: unchecked is unused where the guard is on.
+            fetch.end(Outcome.ERROR)
+            first = unit.token_start // self._geometry.block_size
+            blocks = unit.plan.block_ids[first : first + unit.num_tokens // self._geometry.block_size]
+            rejected = blocks if self._settings.guard else []
+        self._load_errors.update(rejected)
 
     def _describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
         """The unit's pages as its objects describe them; when they cannot be read, only
@@ -290,10 +308,14 @@ class KVAuditConnector(KVConnectorBase_V1):
             store = self._stores.pop(id(unit), None)
             if store is None:
                 continue
-            pages = self._observed(self._format.describe_store, unit, self._kv_caches) or []
-            for page in pages:
-                store.add_page(page)
-            if self._settings.stamp_dir is not None:
+            if self._settings.stamp_dir is None:
+                # A store's pages come from its plan and the engine's configuration, which
+                # do not change: they are described on the exporter thread.
+                store.add_pages(functools.partial(self._format.describe_store, unit, self._kv_caches))
+            else:
+                pages = self._observed(self._format.describe_store, unit, self._kv_caches) or []
+                for page in pages:
+                    store.add_page(page)
                 self._stamp([page.key for page in pages if page.key])
             store.end(tokens_stored=unit.num_tokens)
         return answer

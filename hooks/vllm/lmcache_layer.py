@@ -27,12 +27,14 @@ server's own hook is `kvaudit.hooks.lmcache.mp_events`.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from kvaudit.contract import Op, PageDescriptor, Transfer
+from kvaudit.contract import Op, Outcome, PageDescriptor, Transfer
 from kvaudit.hooks.vllm.formats import CPU_PAGED_LAYOUT, Unit, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry
 from kvaudit.hooks.vllm.plans import RequestPlan, external_request_id
@@ -165,17 +167,46 @@ class LMCacheUnit:
     """One LMCache load or store of one request in one step, as the vLLM layer follows it.
 
     Attributes:
-        pages: the vLLM layer's fetch descriptors, completed as LMCache reports its chunks.
-        chunks: what the LMCache hook reported of the operation's chunks (their pages).
+        reports: what the LMCache hook reported of the operation's chunks (their pages),
+            one sequence per LMCache call; a store's are made when first read.
+        rejected: on a fetch, the position (in the unit) of the first block vLLM may not
+            use, or None; decided when the load returns.
     """
 
-    pages: list[PageDescriptor] = field(default_factory=list)
-    chunks: list[PageDescriptor] = field(default_factory=list)
+    reports: list[Sequence[PageDescriptor]] = field(default_factory=list)
+    rejected: int | None = None
 
-    def tell(self, chunks: list[PageDescriptor]) -> None:
-        """The LMCache hook's report (a `Link.on_pages`)."""
-        self.chunks.extend(chunks)
-        _name_sources(self.pages, self.chunks)
+    def tell(self, chunks: Sequence[PageDescriptor]) -> None:
+        """The LMCache hook's report (a `Link.on_pages`): kept as it is, read when needed."""
+        self.reports.append(chunks)
+
+    @property
+    def chunks(self) -> list[PageDescriptor]:
+        """Every reported chunk, in the order reported."""
+        return [chunk for report in self.reports for chunk in report]
+
+    def first_rejected(self, first: int, count: int, block_size: int, guard: bool) -> int | None:
+        """Position of the first of blocks `first`..`first + count - 1` that vLLM may not use.
+
+        A block is served by the chunk holding its last token (LMCache serves prefixes,
+        so that chunk's use implies the earlier ones'): it is rejected when that chunk was
+        not used, or, with the guard on, when no chunk served it (unchecked is unused).
+        One step per chunk, not per block: the blocks a chunk serves share its verdict.
+        """
+        chunks = self.chunks
+        index, end = first, first + count
+        while index < end:
+            chunk = _chunk_of((index + 1) * block_size - 1, chunks)
+            if chunk is None:
+                if guard:
+                    return index - first
+                index += 1
+            elif not chunk.used:
+                return index - first
+            else:
+                assert chunk.token_end is not None  # _chunk_of found a range
+                index = max(index + 1, chunk.token_end // block_size)
+        return None
 
 
 def _chunk_of(token: int, chunks: list[PageDescriptor]) -> PageDescriptor | None:
@@ -187,9 +218,8 @@ def _chunk_of(token: int, chunks: list[PageDescriptor]) -> PageDescriptor | None
     return None
 
 
-def _name_sources(pages: list[PageDescriptor], chunks: list[PageDescriptor]) -> None:
-    """Each block's source: the chunk holding its last token (LMCache serves prefixes, so
-    that chunk's use implies the earlier ones'); its use is that chunk's."""
+def name_sources(pages: list[PageDescriptor], chunks: list[PageDescriptor]) -> None:
+    """Each block's source: the chunk holding its last token; its use is that chunk's."""
     for page in pages:
         if page.token_end is None:
             continue
@@ -243,11 +273,32 @@ class LMCacheFormat:
                 units.append(Unit(plan, True, start, len(request.token_ids) - start, LMCacheUnit()))
         return units
 
+    def finish_fetch(self, unit: Unit, fetch: Operation, guard: bool) -> list[int]:
+        """End `fetch` once LMCache's load returned; the ids of the blocks vLLM must recompute.
+
+        Only the verdict is made here, from the chunks the LMCache hook reported; the
+        blocks' descriptors are made by `describe_fetch` on the exporter thread.
+        """
+        block_size = self._geometry.block_size
+        first, count = unit.token_start // block_size, unit.num_tokens // block_size
+        state: LMCacheUnit = unit.ref
+        state.rejected = rejected = state.first_rejected(first, count, block_size, guard)
+        fetch.add_pages(functools.partial(self.describe_fetch, unit))
+        if rejected is None:
+            used = count * block_size
+            fetch.end(Outcome.HIT if used >= unit.num_tokens else Outcome.PARTIAL, tokens_hit=used)
+            return []
+        fetch.end(Outcome.REJECTED, tokens_hit=rejected * block_size)
+        # vLLM recomputes from the first rejected block on: later blocks are not used either.
+        return unit.plan.block_ids[first + rejected : first + count]
+
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
+        """The unit's blocks: key, token range, the chunk that served each, and vLLM's use of it."""
         pages = page_skeletons(unit, self._geometry.block_size, self._fields)
         state: LMCacheUnit = unit.ref
-        state.pages = pages
-        _name_sources(pages, state.chunks)
+        name_sources(pages, state.chunks)
+        for index, page in enumerate(pages):
+            page.used = state.rejected is None or index < state.rejected
         return pages
 
     def describe_store(self, unit: Unit, kv_caches: KVCaches) -> list[PageDescriptor]:

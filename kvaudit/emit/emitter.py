@@ -5,10 +5,14 @@
         op.add_page(PageDescriptor(key=..., used=True))
         op.end(Outcome.HIT, tokens_hit=256)
 
-The hot path only records: `add_page` appends a struct, `end` builds one SDK
-`ReadableSpan` whose page events turn into attributes lazily, when the background
-exporter encodes them. Everything here fails open: an exception inside emission is
-counted (and reported in a `kvaudit.telemetry` span) and never reaches the caller.
+The serving thread only records: `add_page` appends a descriptor, `add_pages` a function
+that describes pages later, and `end` queues the finished operation. The background
+exporter thread builds the SDK `ReadableSpan` and its page events, and turns the
+events into attributes as it encodes them: every object the serving thread does not
+make is time it does not spend between the engine's copies (bench/README.md, "Both
+hooks in the reference deployment"). Everything here fails open: an exception inside
+emission is counted (and reported in a `kvaudit.telemetry` span) and never reaches
+the caller.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from time import monotonic  # tests replace `time` here with a clock of their own (time_ns only)
 from types import TracebackType
@@ -103,7 +107,7 @@ class EmitterStats:
 class Operation:
     """One kvaudit operation on one request: becomes one span when it ends."""
 
-    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_op", "_pages", "_parent", "_start", "context")
+    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_later", "_op", "_pages", "_parent", "_start", "context")
 
     def __init__(
         self,
@@ -117,7 +121,8 @@ class Operation:
         self._emitter = emitter
         self._op = op
         self._attrs = attrs
-        self._pages: list[PageEvent] = []
+        self._pages: list[tuple[PageDescriptor, int]] = []
+        self._later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]] = []
         self._parent = parent
         # The span's own context, known from the start: operations of a layer below
         # (LMCache under vLLM) that run inside this one name it as their parent.
@@ -132,7 +137,16 @@ class Operation:
         """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
         if time_ns is None:
             time_ns = time.time_ns() if self._at is None else self._at
-        self._pages.append(PageEvent(page, time_ns))
+        self._pages.append((page, time_ns))
+
+    def add_pages(self, describe: Callable[[], Iterable[PageDescriptor]]) -> None:
+        """Record pages that `describe` will name, called on the exporter thread (stamped now).
+
+        For descriptors built from what does not change once the operation ends (keys,
+        token ranges, a configuration): the serving thread then makes none of them. A
+        failure of `describe` is counted as an emission error; the span goes without them.
+        """
+        self._later.append((describe, time.time_ns() if self._at is None else self._at))
 
     def end(
         self,
@@ -155,12 +169,23 @@ class Operation:
             _put(attrs, SpanAttr.TOKENS_HIT, tokens_hit)
             _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
             _put(attrs, SpanAttr.TOKENS_LOCAL, tokens_local)
-            attrs[SpanAttr.PAGES] = len(self._pages) if pages is None else pages
-            attrs[SpanAttr.BYTES] = sum(event.page.bytes or 0 for event in self._pages) if bytes is None else bytes
+            _put(attrs, SpanAttr.PAGES, pages)
+            _put(attrs, SpanAttr.BYTES, bytes)
             if end_ns is None:
                 end_ns = time.time_ns() if self._at is None else self._at
             self._emitter._submit(
-                self._op.span_name, attrs, self._pages, self._start, end_ns, self.context, self._parent, outcome
+                _FinishedOperation(
+                    self._emitter,
+                    self._op.span_name,
+                    attrs,
+                    self._pages,
+                    self._later,
+                    self._start,
+                    end_ns,
+                    self.context,
+                    self._parent,
+                    outcome,
+                )
             )
         except Exception as exc:
             self._emitter._count_error(exc)
@@ -177,6 +202,57 @@ class Operation:
         self.end(Outcome.ERROR if exc_type is not None else None)
 
 
+class _FinishedOperation:
+    """An ended operation as the serving thread leaves it; `build` (on the exporter thread) makes its span."""
+
+    __slots__ = ("attrs", "context", "emitter", "end", "later", "name", "outcome", "pages", "parent", "start")
+
+    def __init__(
+        self,
+        emitter: Emitter,
+        name: str,
+        attrs: dict[str, Any],
+        pages: list[tuple[PageDescriptor, int]],
+        later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]],
+        start: int,
+        end: int,
+        context: SpanContext,
+        parent: SpanContext | None,
+        outcome: Outcome | None,
+    ) -> None:
+        self.emitter, self.name, self.attrs, self.pages, self.later = emitter, name, attrs, pages, later
+        self.start, self.end, self.context, self.parent, self.outcome = start, end, context, parent, outcome
+
+    def build(self) -> ReadableSpan:
+        """The span; raises (after counting the error) when its recorded pages cannot make one."""
+        events = [PageEvent(page, time_ns) for page, time_ns in self.pages]
+        for describe, time_ns in self.later:
+            try:
+                events.extend(PageEvent(page, time_ns) for page in describe())
+            except Exception as exc:
+                self.emitter._count_error(exc)
+        attrs = self.attrs
+        try:
+            attrs.setdefault(SpanAttr.PAGES, len(events))
+            attrs.setdefault(SpanAttr.BYTES, sum(event.page.bytes or 0 for event in events))
+        except Exception as exc:
+            self.emitter._count_error(exc)
+            raise
+        max_pages = self.emitter._max_pages
+        return ReadableSpan(
+            self.name,
+            context=self.context,
+            parent=self.parent,
+            resource=self.emitter.resource,
+            attributes=attrs,
+            events=BoundedList.from_seq(max_pages, events) if len(events) > max_pages else events,
+            status=_ERROR if self.outcome is Outcome.ERROR else _OK,
+            start_time=self.start,
+            end_time=self.end,
+            instrumentation_scope=_SCOPE,
+        )
+
+
 class _NoOperation(Operation):
     """What `operation()` returns when emission itself failed: accepts and ignores."""
 
@@ -184,6 +260,9 @@ class _NoOperation(Operation):
         self.context = trace.INVALID_SPAN_CONTEXT
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
+        pass
+
+    def add_pages(self, describe: Callable[[], Iterable[PageDescriptor]]) -> None:
         pass
 
     def end(self, outcome: Outcome | None = None, **_: Any) -> None:
@@ -289,9 +368,12 @@ class Emitter:
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export what is queued; False when it did not finish in time (never raises)."""
+        deadline = monotonic() + timeout_s
         try:
+            # Spans are built as they are exported: what failed to build is counted by then.
+            self._batcher.flush(timeout_s)
             self._report_telemetry(force=True)
-            return self._batcher.flush(timeout_s)
+            return self._batcher.flush(max(0.0, deadline - monotonic()))
         except Exception as exc:
             self._count_error(exc)
             return False
@@ -314,34 +396,8 @@ class Emitter:
         if stats.any_loss:
             _fallback_line(f"replica {self.replica!r} pid {os.getpid()}: {_loss_text(stats)} (at shutdown)")
 
-    def _submit(
-        self,
-        name: str,
-        attrs: dict[str, Any],
-        pages: list[PageEvent],
-        start: int,
-        end: int,
-        context: SpanContext,
-        parent: SpanContext | None,
-        outcome: Outcome | None,
-    ) -> None:
-        events: list[PageEvent] | BoundedList = pages
-        if len(pages) > self._max_pages:
-            events = BoundedList.from_seq(self._max_pages, pages)
-        self._batcher.submit(
-            ReadableSpan(
-                name,
-                context=context,
-                parent=parent,
-                resource=self.resource,
-                attributes=attrs,
-                events=events,
-                status=_ERROR if outcome is Outcome.ERROR else _OK,
-                start_time=start,
-                end_time=end,
-                instrumentation_scope=_SCOPE,
-            )
-        )
+    def _submit(self, finished: _FinishedOperation) -> None:
+        self._batcher.submit(finished)
         self._report_telemetry()
 
     def _undelivered(self, batch: list[ReadableSpan] | tuple[ReadableSpan, ...]) -> None:

@@ -1,8 +1,9 @@
 """A bounded queue of finished spans exported in batches by one background thread.
 
-The serving thread only appends to a deque; encoding and I/O happen on the worker.
-Unlike the SDK's `BatchSpanProcessor`, a full queue is counted rather than logged,
-so the count can travel in the trace as telemetry loss.
+The serving thread only appends to a deque: a `ReadableSpan`, or an `Unbuilt` span
+whose `ReadableSpan` the worker builds before it encodes it. Building, encoding and
+I/O all happen on the worker. Unlike the SDK's `BatchSpanProcessor`, a full queue is
+counted rather than logged, so the count can travel in the trace as telemetry loss.
 """
 
 from __future__ import annotations
@@ -13,11 +14,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 logger = logging.getLogger(__name__)
+
+
+class Unbuilt(Protocol):
+    """A finished span whose `ReadableSpan` is made on the exporter's thread, not the caller's."""
+
+    def build(self) -> ReadableSpan: ...
 
 
 @dataclass
@@ -55,7 +63,7 @@ class SpanBatcher:
     ) -> None:
         self.exporter = exporter
         self.stats = BatcherStats()
-        self._queue: deque[ReadableSpan] = deque()
+        self._queue: deque[ReadableSpan | Unbuilt] = deque()
         self._max_queue = max_queue
         self._max_batch = max_batch
         self._max_batch_events = max_batch_events
@@ -70,7 +78,7 @@ class SpanBatcher:
         self._worker = threading.Thread(target=self._run, name="kvaudit-exporter", daemon=True)
         self._worker.start()
 
-    def submit(self, span: ReadableSpan, *, reserved: bool = False) -> bool:
+    def submit(self, span: ReadableSpan | Unbuilt, *, reserved: bool = False) -> bool:
         """Queue a finished span; False when it was dropped (queue full or closed).
 
         A `reserved` span (the emitter reporting its own losses) may go past a full
@@ -140,7 +148,17 @@ class SpanBatcher:
         with self._idle:
             self._exporting = True
             while self._queue and len(batch) < self._max_batch:
-                span_events = len(self._queue[0].events)
+                span = self._queue[0]
+                if not isinstance(span, ReadableSpan):
+                    try:
+                        # Left in the queue while built, so that flush still waits for it.
+                        span = self._queue[0] = span.build()
+                    except Exception as exc:  # its maker counts its own failures; here it is a drop
+                        self._queue.popleft()
+                        self.stats.dropped_spans += 1
+                        logger.debug("kvaudit: building a span failed (%r)", exc)
+                        continue
+                span_events = len(span.events)
                 if batch and events + span_events > self._max_batch_events:
                     break
                 batch.append(self._queue.popleft())

@@ -57,7 +57,10 @@ def main(spec: dict) -> None:
         llm.sleep(level=1)
         llm.wake_up()
         outputs = llm.generate(prompts, params)
-    print("RESULT " + json.dumps([_result(o) for o in outputs]), flush=True)
+    # One write, newline included: an engine process writing to the same stdout (unbuffered)
+    # could otherwise land between the line and its end.
+    sys.stdout.write(f"RESULT {json.dumps([_result(o) for o in outputs])}\n")
+    sys.stdout.flush()
     if spec.get("after_reset"):
         assert llm.reset_prefix_cache(), "the prefix cache was not reset"
         again = [llm.generate([TokensPrompt(prompt_token_ids=p, **salt)], params)[0] for p in spec["after_reset"]]

@@ -62,7 +62,10 @@ def main(spec: dict) -> None:
                 "finish": output.outputs[0].finish_reason,
             }
         )
-    print("RESULT " + json.dumps(results), flush=True)
+    # One write, newline included: an engine process writing to the same stdout (unbuffered)
+    # could otherwise land between the line and its end.
+    sys.stdout.write(f"RESULT {json.dumps(results)}\n")
+    sys.stdout.flush()
     # The hooks export in the background within EXPORT_WAIT_S; vLLM's shutdown kills an
     # EngineCore or Worker that does not exit within 5 s, so give the exporters their time.
     time.sleep(EXPORT_WAIT_S)
