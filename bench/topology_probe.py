@@ -5,13 +5,13 @@ Imported in the vLLM worker when kvaudit's connector builds it, this module wrap
 the CPU clock of the calling thread (what the hooks take from serving, whatever else
 shares the cores) and, for the engine's transfers, the wall clock too:
 
-- the wrapped connector's `start_load_kv` and `wait_for_save`: the engine's fetch and
-  store, LMCache's hook included;
+- the wrapped connector's `start_load_kv`, and its `save_kv_layer` (each layer) and
+  `wait_for_save`: the engine's fetch and store, LMCache's hook included;
 - the LMCache hook's own work inside them (`fetch.start`, `fetch.finish`, the store
   plugin's `batched_submit_put_task`), taken off the engine's figure;
 - `KVAuditConnector`'s worker calls (`bind_connector_metadata`, `start_load_kv`,
-  `wait_for_save`): the vLLM layer's own work is their time minus the wrapped
-  connector's inside them.
+  `save_kv_layer`, `wait_for_save`): the vLLM layer's own work is their time minus the
+  wrapped connector's inside them.
 
 After each save (one per engine step) the worker writes the totals so far, and those of
 its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM may end a worker without a
@@ -62,7 +62,7 @@ def _timed(name: str, function: Callable[..., Any], clock: Clock = time.thread_t
 fetch.start = _timed("lmcache_hook", fetch.start)
 fetch.finish = _timed("lmcache_hook", fetch.finish)
 KvauditStorePlugin.batched_submit_put_task = _timed("lmcache_hook", KvauditStorePlugin.batched_submit_put_task)
-for _name in ("bind_connector_metadata", "start_load_kv", "wait_for_save"):
+for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save"):
     setattr(KVAuditConnector, _name, _timed("vllm_layer_total", getattr(KVAuditConnector, _name)))
 
 
@@ -79,6 +79,11 @@ class ProbedLMCacheConnector(CPULMCacheConnectorV1):
         hook_before = SECONDS["lmcache_hook"]
         _LOAD(self, forward_context, **kwargs)
         SECONDS["engine_fetch_hook"] += SECONDS["lmcache_hook"] - hook_before
+
+    def save_kv_layer(self, *args: Any, **kwargs: Any) -> None:
+        hook_before = SECONDS["lmcache_hook"]
+        _SAVE_LAYER(self, *args, **kwargs)
+        SECONDS["engine_store_hook"] += SECONDS["lmcache_hook"] - hook_before
 
     def wait_for_save(self) -> None:
         hook_before = SECONDS["lmcache_hook"]
@@ -98,4 +103,7 @@ def _write() -> None:
 _BIND = _timed("inner", CPULMCacheConnectorV1.bind_connector_metadata)
 _LOAD = _timed("engine_fetch_wall", _timed("engine_fetch", CPULMCacheConnectorV1.start_load_kv), time.perf_counter)
 _SAVE = _timed("engine_store_wall", _timed("engine_store", CPULMCacheConnectorV1.wait_for_save), time.perf_counter)
+_SAVE_LAYER = _timed(
+    "engine_store_wall", _timed("engine_store", CPULMCacheConnectorV1.save_kv_layer), time.perf_counter
+)
 _WRITE = _timed("inner", _write)

@@ -278,7 +278,7 @@ class Emitter:
         max_pages_per_span: descriptors kept per span; more are dropped and counted
             in the span's `droppedEventsCount`, never silently.
         telemetry_interval_s: how often, at most, a `kvaudit.telemetry` span reports
-            changed loss counts (also on flush and shutdown).
+            changed loss counts (looked at after each export, on flush and at shutdown).
         shutdown_timeout_s: how long `shutdown()` may take at most (the vLLM hook calls
             it at exit); what is not exported by then is counted.
 
@@ -298,6 +298,8 @@ class Emitter:
         self.resource = resource
         self._batcher = batcher
         batcher.undelivered = self._undelivered
+        # Loss counts are looked at after each export, not at each span the serving thread ends.
+        batcher.exported = self._report_telemetry
         self._shutdown_timeout_s = shutdown_timeout_s
         self._max_pages = max_pages_per_span
         self._telemetry_interval_ns = int(telemetry_interval_s * 1e9)
@@ -398,7 +400,6 @@ class Emitter:
 
     def _submit(self, finished: _FinishedOperation) -> None:
         self._batcher.submit(finished)
-        self._report_telemetry()
 
     def _undelivered(self, batch: list[ReadableSpan] | tuple[ReadableSpan, ...]) -> None:
         """A batch failed: where it carried a telemetry span, its counts go to stderr instead."""

@@ -50,6 +50,8 @@ class SpanBatcher:
 
     `undelivered`, when set, is called (on the worker thread) with each batch that
     could not be exported: the emitter's fallback for telemetry that never arrives.
+    `exported`, when set, is called on the worker thread after each export, delivered
+    or not: where the emitter looks at its loss counts, off the serving thread.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class SpanBatcher:
         self._max_batch_events = max_batch_events
         self._delay_s = delay_s
         self.undelivered: Callable[[Sequence[ReadableSpan]], None] | None = None
+        self.exported: Callable[[], None] | None = None
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._exporting = False
@@ -139,6 +142,11 @@ class SpanBatcher:
             self._wake.clear()
             while self._queue:
                 self._export(self._take_batch())
+                if self.exported is not None:
+                    try:
+                        self.exported()
+                    except Exception as exc:
+                        logger.debug("kvaudit: the after-export call failed (%s)", exc)
             with self._idle:
                 self._idle.notify_all()
 
