@@ -18,7 +18,7 @@ pytest.importorskip("vllm", reason="vllm is installed by scripts/install-vllm.sh
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
 
 from kvaudit.contract import Op, PageDescriptor
-from kvaudit.hooks.lmcache.links import _MAX_LINKS, Link, Links
+from kvaudit.hooks.lmcache.links import _MAX_LINKS, LazyPages, Link, Links
 from kvaudit.hooks.vllm.lmcache_layer import LayerSettings, LMCacheUnit, layer_export, name_sources
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config
 
@@ -109,7 +109,8 @@ def test_a_fetch_is_judged_a_chunk_at_a_time():
         PageDescriptor(key="c0", token_start=0, token_end=256, used=True),
         PageDescriptor(key="c1", token_start=256, token_end=1000, used=True),  # a prompt's partial last chunk
     ]
-    unit = LMCacheUnit(reports=[chunks])
+    unit = LMCacheUnit()
+    unit.tell(chunks)
     assert unit.first_rejected(0, 31, 32, guard=True) is None  # block 30 ends at token 991
     # Block 31 (tokens 992-1023) ends past every chunk: no chunk served it.
     assert unit.first_rejected(0, 32, 32, guard=True) == 31
@@ -118,6 +119,21 @@ def test_a_fetch_is_judged_a_chunk_at_a_time():
     chunks[1].used = False  # the guard rejected the second chunk: from block 7 on (its last token 255 is c0's)
     assert unit.first_rejected(0, 31, 32, guard=True) == 8
     assert unit.first_rejected(2, 29, 32, guard=True) == 6
+
+
+def test_without_the_guard_a_fetch_lmcache_used_whole_is_judged_without_its_descriptors():
+    def unmade() -> list[PageDescriptor]:
+        raise AssertionError("made on the serving thread")
+
+    unit = LMCacheUnit()
+    unit.tell(LazyPages(4, unmade, all_used=True))
+    assert unit.first_rejected(0, 32, 32, guard=False) is None
+    # A chunk LMCache did not use: its descriptors are read to find the blocks it served.
+    partial = LMCacheUnit()
+    partial.tell(
+        LazyPages(1, lambda: [PageDescriptor(key="c0", token_start=0, token_end=256, used=False)], all_used=False)
+    )
+    assert partial.first_rejected(0, 8, 32, guard=False) == 0
 
 
 def test_links_find_the_operation_above_by_engine_request_id_and_op():

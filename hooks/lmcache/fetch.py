@@ -16,8 +16,8 @@ from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Operation
 from kvaudit.guard import violations
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
-from kvaudit.hooks.lmcache.links import LINKS, Link
-from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, key_hex, tier_of
+from kvaudit.hooks.lmcache.links import LINKS, LazyPages, Link
+from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, missing_page, object_facts, tier_of
 from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
 
 if TYPE_CHECKING:
@@ -74,11 +74,71 @@ def finish(
     """Describe the fetched objects, end `op`, and return the objects LMCache may use.
 
     `link` (a layer above) is told every requested chunk, those not fetched or not used
-    with `used=False`.
+    with `used=False`. Without the guard nothing is decided on the descriptors, so they
+    are made later (`LazyPages`); the guard decides on each, here.
     """
     carried = carries_metadata(manager, location)
+    if guard:
+        return _finish_guarded(state, manager, op, keys, objs, location, carried, link)
+    tier, hash_algo, rate = tier_of(location), state.hash_algo, state.options.checksum_rate
+    recorded = []
+    used_pages = tokens_hit = 0
+    for key, obj in zip(keys, objs, strict=False):
+        token_range = state.range_of(key)
+        if obj is None or used_pages < len(recorded):
+            # LMCache uses a prefix: nothing after the first object it did not get.
+            facts = checksum = None
+            if obj is not None:
+                facts, checksum = object_facts(obj), payload_checksum(obj) if sampled(key, rate) else None
+            recorded.append((key, facts, token_range, False, checksum))
+            continue
+        checksum = payload_checksum(obj) if sampled(key, rate) else None
+        recorded.append((key, object_facts(obj), token_range, True, checksum))
+        used_pages += 1
+        if token_range is not None:
+            tokens_hit += token_range[1] - token_range[0]
+
+    def describe() -> list[PageDescriptor]:
+        pages = []
+        for key, facts, token_range, used, checksum in recorded:
+            if facts is None:
+                pages.append(missing_page(key, token_range))
+                continue
+            page = fetch_page(
+                key,
+                facts,
+                carried_meta=carried,
+                hash_algo=hash_algo,
+                token_range=token_range,
+                tier=tier,
+                checksum=checksum,
+            )
+            page.used = used
+            pages.append(page)
+        return pages
+
+    told = LazyPages(len(recorded), describe, all_used=used_pages == len(keys))
+    # The operation's pages are the objects LMCache got; the layer above hears of every chunk.
+    op.add_pages(lambda: [page for page, record in zip(told, recorded, strict=True) if record[1] is not None])
+    op.end(_outcome(used_pages, len(keys), False), tokens_hit=tokens_hit)
+    if link is not None:
+        link.on_pages(told)
+    return objs
+
+
+def _finish_guarded(
+    state: Runtime,
+    manager: StorageManager,
+    op: Operation,
+    keys: Sequence[CacheEngineKey],
+    objs: list[MemoryObj | None],
+    location: str | None,
+    carried: bool,
+    link: Link | None,
+) -> list[MemoryObj | None]:
+    """`finish` with the guard on: each page is described and vetted before LMCache may use it."""
     tier = tier_of(location)
-    consumer = state.kv_config(manager.config, manager.metadata) if guard else None
+    consumer = state.kv_config(manager.config, manager.metadata)
     rate = state.options.checksum_rate
     prefix_intact = True
     rejected_at: int | None = None
@@ -88,12 +148,12 @@ def finish(
         if obj is None:
             prefix_intact = False
             if link is not None:
-                told.append(_missing_page(key, state.range_of(key)))
+                told.append(missing_page(key, state.range_of(key)))
             continue
         token_range = state.range_of(key)
         page = fetch_page(
             key,
-            obj,
+            object_facts(obj),
             carried_meta=carried,
             hash_algo=state.hash_algo,
             token_range=token_range,
@@ -101,7 +161,7 @@ def finish(
             checksum=payload_checksum(obj) if sampled(key, rate) else None,
         )
         page.used = prefix_intact and rejected_at is None
-        if page.used and consumer is not None:
+        if page.used:
             reasons = _vet(state, manager, key, obj, page, consumer, token_range)
             if reasons:
                 rejected_at = index
@@ -130,12 +190,6 @@ def finish(
     if link is not None:
         link.on_pages(told)
     return objs
-
-
-def _missing_page(key: CacheEngineKey, token_range: tuple[int, int] | None) -> PageDescriptor:
-    """What a layer above is told of a requested chunk LMCache did not get."""
-    start, end = token_range if token_range is not None else (None, None)
-    return PageDescriptor(key=key_hex(key), token_start=start, token_end=end, used=False)
 
 
 def _vet(

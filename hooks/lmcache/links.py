@@ -15,9 +15,9 @@ LMCache lookup only takes the request id the layer above names the request by.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, overload
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
@@ -29,6 +29,42 @@ if TYPE_CHECKING:
 _MAX_LINKS: Final = 4096
 
 
+class LazyPages(Sequence["PageDescriptor"]):
+    """The descriptors of one LMCache operation's chunks, made when first read.
+
+    The LMCache hook records what it must read while LMCache holds the objects and
+    leaves the descriptors to whoever reads them first: an exporter thread, unless a
+    registry or the guard needs them at once. Two threads reading at once make equal
+    lists, and one is kept. `all_used`: every chunk was stored, or fetched and used; a
+    reader that needs only that makes none of them.
+    """
+
+    def __init__(self, count: int, make: Callable[[], list[PageDescriptor]], *, all_used: bool) -> None:
+        self._count, self._make, self.all_used = count, make, all_used
+        self._pages: list[PageDescriptor] | None = None
+
+    def _made(self) -> list[PageDescriptor]:
+        pages = self._pages
+        if pages is None:
+            pages = self._pages = self._make()
+        return pages
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> PageDescriptor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[PageDescriptor]: ...
+
+    def __getitem__(self, index: int | slice) -> PageDescriptor | Sequence[PageDescriptor]:
+        return self._made()[index]
+
+    def __iter__(self) -> Iterator[PageDescriptor]:
+        return iter(self._made())
+
+
 @dataclass
 class Link:
     """One operation of the layer above on one request.
@@ -38,8 +74,8 @@ class Link:
         parent: the layer above's span: LMCache's spans for the request are its children.
         on_pages: told the pages of each LMCache operation for the request, in key order:
             every requested chunk of a fetch, those LMCache did not get with `used=False`;
-            every chunk of a store, as descriptors made when first read (`StoredPages`).
-            Called inside the LMCache hook, which fails open.
+            every chunk of a store. Without the guard, as `LazyPages`. Called inside the
+            LMCache hook, which fails open.
     """
 
     request_id: str

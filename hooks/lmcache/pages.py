@@ -12,8 +12,7 @@ put there, so only the producer's store descriptor says which geometry computed 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final, NamedTuple, overload
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from kvaudit.contract import PageDescriptor, Tier, Transfer
 
@@ -109,54 +108,9 @@ def store_page(
     )
 
 
-class StoredPages(Sequence[PageDescriptor]):
-    """The descriptors of one store's pages, made when first read.
-
-    The store records keys, token ranges and `ObjectFacts`; the descriptors are made by
-    whoever reads them first, an exporter thread unless a registry needs them at once.
-    Two threads reading at once make equal lists, and one is kept.
-    """
-
-    def __init__(
-        self,
-        keys: Sequence[CacheEngineKey],
-        facts: list[tuple[ObjectFacts, tuple[int, int] | None, str | None]],
-        metadata: LMCacheMetadata,
-        hash_algo: str | None,
-        geometry: str | None,
-    ) -> None:
-        self._keys, self._facts, self._metadata = keys, facts, metadata
-        self._hash_algo, self._geometry = hash_algo, geometry
-        self._pages: list[PageDescriptor] | None = None
-
-    def _made(self) -> list[PageDescriptor]:
-        pages = self._pages
-        if pages is None:
-            pages = self._pages = [
-                store_page(key, facts, self._metadata, self._hash_algo, token_range, checksum, self._geometry)
-                for key, (facts, token_range, checksum) in zip(self._keys, self._facts, strict=False)
-            ]
-        return pages
-
-    def __len__(self) -> int:
-        return len(self._facts)
-
-    @overload
-    def __getitem__(self, index: int) -> PageDescriptor: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[PageDescriptor]: ...
-
-    def __getitem__(self, index: int | slice) -> PageDescriptor | Sequence[PageDescriptor]:
-        return self._made()[index]
-
-    def __iter__(self) -> Iterator[PageDescriptor]:
-        return iter(self._made())
-
-
 def fetch_page(
     key: CacheEngineKey,
-    obj: MemoryObj,
+    facts: ObjectFacts,
     *,
     carried_meta: bool,
     hash_algo: str | None,
@@ -172,7 +126,7 @@ def fetch_page(
         token_start=start,
         token_end=end,
         model=key.model_name,
-        bytes=obj.get_size(),
+        bytes=facts.size,
         world_size=key.world_size,
         rank=key.worker_id,
         checksum=checksum,
@@ -180,13 +134,19 @@ def fetch_page(
         tier=tier,
     )
     if carried_meta:
-        shape = tuple(obj.get_shape())
-        fmt = obj.get_memory_format()
-        page.dtype = dtype_name(obj.get_dtype())
+        shape = tuple(facts.shape)
+        fmt = facts.memory_format.name  # type: ignore[attr-defined]
+        page.dtype = dtype_name(facts.dtype)
         page.shape = shape
-        page.layout = fmt.name
+        page.layout = fmt
         # KV_2LTD is [2, layers, tokens, heads*head_size]: the layer count is carried,
         # the head split is not.
-        if fmt.name == "KV_2LTD" and len(shape) == 4:
+        if fmt == "KV_2LTD" and len(shape) == 4:
             page.layers = shape[1]
     return page
+
+
+def missing_page(key: CacheEngineKey, token_range: tuple[int, int] | None) -> PageDescriptor:
+    """What a layer above is told of a requested chunk LMCache did not get."""
+    start, end = token_range if token_range is not None else (None, None)
+    return PageDescriptor(key=key_hex(key), token_start=start, token_end=end, used=False)

@@ -20,8 +20,8 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.hooks.lmcache import runtime
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
-from kvaudit.hooks.lmcache.links import LINKS
-from kvaudit.hooks.lmcache.pages import StoredPages, backend_label, object_facts
+from kvaudit.hooks.lmcache.links import LINKS, LazyPages
+from kvaudit.hooks.lmcache.pages import backend_label, object_facts, store_page
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -98,14 +98,24 @@ class KvauditStorePlugin(StoragePluginInterface):
         rate, registry, stored = state.options.checksum_rate, state.registry, 0
         if self._geometry is None:
             self._geometry = state.kv_config(self.config, self.metadata).geometry
-        # Read now, while LMCache holds the objects; the descriptors are made later (StoredPages).
-        facts = []
+        # Read now, while LMCache holds the objects; the descriptors are made later (LazyPages).
+        recorded = []
         for key, obj in zip(keys, objs, strict=False):
             token_range = state.range_of(key)
-            facts.append((object_facts(obj), token_range, payload_checksum(obj) if sampled(key, rate) else None))
+            recorded.append(
+                (key, object_facts(obj), token_range, payload_checksum(obj) if sampled(key, rate) else None)
+            )
             if token_range is not None:
                 stored += token_range[1] - token_range[0]
-        pages = StoredPages(keys, facts, self.metadata, state.hash_algo, self._geometry)
+        metadata, hash_algo, geometry = self.metadata, state.hash_algo, self._geometry
+        pages = LazyPages(
+            len(recorded),
+            lambda: [
+                store_page(key, facts, metadata, hash_algo, token_range, checksum, geometry)
+                for key, facts, token_range, checksum in recorded
+            ],
+            all_used=True,
+        )
         if registry is not None:
             # Consumers compare what they fetch with this at once: made here, not later.
             for key, page in zip(keys, pages, strict=False):

@@ -155,6 +155,7 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._loads: dict[str, int] = {}
         # Worker side: this step's units, stores in flight, rejected blocks, KV caches.
         self._units: list[Unit] = []
+        self._stores_open = False  # this step's store spans are started
         self._stores: dict[int, Operation] = {}
         self._load_errors: set[int] = set()
         self._kv_caches: dict[str, torch.Tensor] = {}
@@ -193,6 +194,7 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> Any:
         super().bind_connector_metadata(connector_metadata)
+        self._stores_open = False
         if isinstance(connector_metadata, KVAuditMetadata):
             self._units = self._observed(self._format.units, connector_metadata.inner, connector_metadata.plans) or []
             return self._inner.bind_connector_metadata(connector_metadata.inner)
@@ -202,6 +204,7 @@ class KVAuditConnector(KVConnectorBase_V1):
     def clear_connector_metadata(self) -> Any:
         super().clear_connector_metadata()
         self._units = []
+        self._stores_open = False
         return self._inner.clear_connector_metadata()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> Any:
@@ -321,7 +324,13 @@ class KVAuditConnector(KVConnectorBase_V1):
         return answer
 
     def _open_stores(self) -> None:
-        """Start a store span for each store unit of the step, at its first save."""
+        """Start a store span for each store unit of the step, at its first save.
+
+        Once a step: vLLM saves every layer in turn (tens of calls a step on a large model).
+        """
+        if self._stores_open:
+            return
+        self._stores_open = True
         for unit in self._units:
             if unit.is_store and id(unit) not in self._stores:
                 self._stores[id(unit)] = self._operation(Op.STORE, unit)

@@ -175,10 +175,14 @@ class LMCacheUnit:
 
     reports: list[Sequence[PageDescriptor]] = field(default_factory=list)
     rejected: int | None = None
+    all_used: bool = True
 
     def tell(self, chunks: Sequence[PageDescriptor]) -> None:
         """The LMCache hook's report (a `Link.on_pages`): kept as it is, read when needed."""
         self.reports.append(chunks)
+        # `LazyPages.all_used` (read by name: this module loads the LMCache hook only when it is used).
+        if not getattr(chunks, "all_used", False):
+            self.all_used = False
 
     @property
     def chunks(self) -> list[PageDescriptor]:
@@ -191,8 +195,11 @@ class LMCacheUnit:
         A block is served by the chunk holding its last token (LMCache serves prefixes,
         so that chunk's use implies the earlier ones'): it is rejected when that chunk was
         not used, or, with the guard on, when no chunk served it (unchecked is unused).
-        One step per chunk, not per block: the blocks a chunk serves share its verdict.
+        One step per chunk, not per block: the blocks a chunk serves share its verdict;
+        none at all without the guard when LMCache used every chunk it reported.
         """
+        if self.all_used and not guard:
+            return None
         chunks = self.chunks
         index, end = first, first + count
         while index < end:
