@@ -153,7 +153,7 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
     seconds = defaultdict(float, {name: value - first.get(name, 0.0) for name, value in figures["seconds"].items()})
     # The transfer's wall time without the hook's CPU time inside it.
     engine = seconds[f"engine_{side}_wall"] - seconds[f"engine_{side}_hook"]
-    vllm_layer = seconds["vllm_layer_total"] - seconds["inner"] - seconds["engine_fetch"] - seconds["engine_store"]
+    vllm_layer = seconds["vllm_layer"]
     lmcache_hook = seconds["lmcache_hook"]
     hooks = vllm_layer + lmcache_hook
     us = 1e6

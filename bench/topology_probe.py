@@ -11,13 +11,15 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   plugin's `batched_submit_put_task`), taken off the engine's figure;
 - `KVAuditConnector`'s worker calls (`bind_connector_metadata`, `start_load_kv`,
   `save_kv_layer`, `wait_for_save`): the vLLM layer's own work is their time minus the
-  wrapped connector's inside them.
+  wrapped connector's call inside them, clocked where the wrapped connector's method
+  begins and ends, so that none of this probe's own bookkeeping (a few µs a call with
+  the caches cold, fourteen calls a request) counts as the vLLM layer's.
 
 After each save (one per engine step) the worker writes the totals so far, and those of
 its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM may end a worker without a
-`shutdown`), on a clock taken off the vLLM layer's figure. The first step's totals hold
-the one-time costs (the LMCache hook makes its emitter at its first operation), which
-the benchmark takes off with a warm-up request.
+`shutdown`), inside the wrapped connector's window. The first step's totals hold the
+one-time costs (the LMCache hook makes its emitter at its first operation), which the
+benchmark takes off with a warm-up request.
 """
 
 from __future__ import annotations
@@ -40,27 +42,23 @@ CALLS: defaultdict[str, int] = defaultdict(int)
 FIRST_STEP: dict[str, float] = {}  # SECONDS at the end of the first engine step
 
 
-Clock = Callable[[], float]
-
-
-def _timed(name: str, function: Callable[..., Any], clock: Clock = time.thread_time) -> Callable[..., Any]:
-    """`function`, adding the seconds of `clock` it takes to SECONDS[name]."""
+def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, adding the CPU seconds it takes to SECONDS[name]."""
 
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        started = clock()
+        started = time.thread_time()
         try:
             return function(*args, **kwargs)
         finally:
-            SECONDS[name] += clock() - started
+            SECONDS[name] += time.thread_time() - started
             CALLS[name] += 1
 
     return timed
 
 
 def _engine(side: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function` on both clocks, in one wrapper: what a clock costs outside the engine's
-    window counts as the vLLM layer's, so there is one, not two nested."""
+    """`function` on both clocks, in one wrapper."""
 
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -80,34 +78,64 @@ def _engine(side: str, function: Callable[..., Any]) -> Callable[..., Any]:
 fetch.start = _timed("lmcache_hook", fetch.start)
 fetch.finish = _timed("lmcache_hook", fetch.finish)
 KvauditStorePlugin.batched_submit_put_task = _timed("lmcache_hook", KvauditStorePlugin.batched_submit_put_task)
+# Where the wrapped connector's method began and ended, inside the vLLM layer's current call.
+_INNER: list[float] = []
+
+
+def _vllm_layer(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A `KVAuditConnector` method, adding its time less the wrapped connector's to SECONDS["vllm_layer"]."""
+
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        _INNER.clear()
+        started = time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            own = time.thread_time() - started
+            if len(_INNER) == 2:
+                own -= _INNER[1] - _INNER[0]
+            SECONDS["vllm_layer"] += own
+
+    return timed
+
+
 for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save"):
-    setattr(KVAuditConnector, _name, _timed("vllm_layer_total", getattr(KVAuditConnector, _name)))
+    setattr(KVAuditConnector, _name, _vllm_layer(getattr(KVAuditConnector, _name)))
 
 
 class ProbedLMCacheConnector(CPULMCacheConnectorV1):
     """`CPULMCacheConnectorV1` whose loads and saves are clocked (see the module docstring)."""
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        _INNER.append(time.thread_time())
         if CALLS["engine_store"] and not FIRST_STEP:
             # A step starts after the first one: every clock of that step has stopped.
             FIRST_STEP.update(SECONDS)
-        _BIND(self, connector_metadata)
+        super().bind_connector_metadata(connector_metadata)
+        _INNER.append(time.thread_time())
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        _INNER.append(time.thread_time())
         hook_before = SECONDS["lmcache_hook"]
         _LOAD(self, forward_context, **kwargs)
         SECONDS["engine_fetch_hook"] += SECONDS["lmcache_hook"] - hook_before
+        _INNER.append(time.thread_time())
 
     def save_kv_layer(self, *args: Any, **kwargs: Any) -> None:
+        _INNER.append(time.thread_time())
         hook_before = SECONDS["lmcache_hook"]
         _SAVE_LAYER(self, *args, **kwargs)
         SECONDS["engine_store_hook"] += SECONDS["lmcache_hook"] - hook_before
+        _INNER.append(time.thread_time())
 
     def wait_for_save(self) -> None:
+        _INNER.append(time.thread_time())
         hook_before = SECONDS["lmcache_hook"]
         _SAVE(self)
         SECONDS["engine_store_hook"] += SECONDS["lmcache_hook"] - hook_before
-        _WRITE()
+        _write()
+        _INNER.append(time.thread_time())
 
 
 def _write() -> None:
@@ -117,9 +145,7 @@ def _write() -> None:
             json.dump({"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS}, file)
 
 
-# Made once, not at each call: what a clock costs to make would count as the vLLM layer's.
-_BIND = _timed("inner", CPULMCacheConnectorV1.bind_connector_metadata)
+# Made once, not at each call.
 _LOAD = _engine("fetch", CPULMCacheConnectorV1.start_load_kv)
 _SAVE = _engine("store", CPULMCacheConnectorV1.wait_for_save)
 _SAVE_LAYER = _engine("store", CPULMCacheConnectorV1.save_kv_layer)
-_WRITE = _timed("inner", _write)

@@ -71,7 +71,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
     from vllm.forward_context import ForwardContext
-    from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -79,6 +78,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_PER_LAYER = ("wait_for_layer_load", "save_kv_layer")
 
 
 def _tp_rank(vllm_config: VllmConfig) -> int:
@@ -160,6 +160,12 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._observation_failed = False
+        if worker:
+            # Called at every layer of every step (tens a step on a large model), and never
+            # given kvaudit's metadata: the inner connector's own methods, with no forwarder
+            # in between.
+            for name in _PER_LAYER:
+                setattr(self, name, getattr(self._inner, name))
         # Scheduler side with `prevent`: the tag every request's LMCache keys carry.
         self._prevent_tag: dict[str, str] | None = None
         if not worker:
@@ -214,7 +220,9 @@ class KVAuditConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> Any:
         loads = [unit for unit in self._units if not unit.is_store]
         if not loads:
-            return self._inner.start_load_kv(forward_context, **kwargs)
+            answer = self._inner.start_load_kv(forward_context, **kwargs)
+            self._open_stores()
+            return answer
         fetches = [self._operation(Op.FETCH, unit) for unit in loads]
         layered = isinstance(self._format, lmcache_layer.LMCacheFormat)
         # Described before the load: the guard decides on what the objects say, not on
@@ -232,6 +240,7 @@ class KVAuditConnector(KVConnectorBase_V1):
                 self._finish_layered_fetch(unit, fetch)
         for unit, fetch, pages in zip(loads, fetches, described):
             self._finish_fetch(unit, fetch, pages)
+        self._open_stores()
         return answer
 
     def _finish_layered_fetch(self, unit: Unit, fetch: Operation) -> None:
@@ -292,12 +301,6 @@ class KVAuditConnector(KVConnectorBase_V1):
             outcome = Outcome.HIT if used_tokens >= unit.num_tokens else Outcome.PARTIAL
         fetch.end(outcome, tokens_hit=used_tokens)
 
-    def save_kv_layer(
-        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
-    ) -> Any:
-        self._open_stores()
-        return self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
-
     def wait_for_save(self) -> Any:
         self._open_stores()
         try:
@@ -324,10 +327,9 @@ class KVAuditConnector(KVConnectorBase_V1):
         return answer
 
     def _open_stores(self) -> None:
-        """Start a store span for each store unit of the step, at its first save.
-
-        Once a step: vLLM saves every layer in turn (tens of calls a step on a large model).
-        """
+        """Start a store span for each store unit of the step, once a step: when its forward
+        pass begins (the end of `start_load_kv`, before the first layer is saved), else at
+        `wait_for_save`."""
         if self._stores_open:
             return
         self._stores_open = True
