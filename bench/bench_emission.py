@@ -46,7 +46,8 @@ class _Keep(SpanExporter):
 
 
 def _kvaudit(spans: int, pages_per_span: int) -> float:
-    emitter = Emitter(replica_resource("r1", kv=KV), SpanBatcher(_Keep(), max_queue=spans + 1))
+    # Room for every repeat: the exporter thread, which makes the spans, need not keep up with this loop.
+    emitter = Emitter(replica_resource("r1", kv=KV), SpanBatcher(_Keep(), max_queue=REPEATS * spans + 1))
     pages = [page(i) for i in range(pages_per_span)]
 
     def run() -> None:
