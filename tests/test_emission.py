@@ -159,13 +159,15 @@ def test_the_callers_own_exception_propagates_and_is_recorded():
     assert emitter.stats.errors == 0
 
 
-def test_a_failing_exporter_is_counted_and_reported_as_telemetry(trace_dir: Path):
+def test_a_failing_exporter_is_counted_and_reported_as_telemetry(trace_dir: Path, capsys: pytest.CaptureFixture[str]):
     broken = Emitter(replica_resource("r1"), SpanBatcher(Broken()))
     with broken.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR) as op:
         op.end(Outcome.MISS)
     assert broken.flush(5)
     stats = broken.stats
     assert stats.failed_exports >= 1 and stats.dropped_spans >= 1
+    # The telemetry span reporting the loss could not go either: its counts went to stderr.
+    assert "the kvaudit.telemetry span carrying these counts could not be exported" in capsys.readouterr().err
     broken.shutdown()
 
 

@@ -78,8 +78,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TraceStore]:
 
 
 def _stored_keys(store: TraceStore) -> list[str]:
-    """Keys of the stored pages, in the order of their first store."""
-    _, rows = store.query("SELECT key FROM pages WHERE op = 'store' GROUP BY key ORDER BY min(time_ns)")
+    """Keys of the stored pages, in the order of their first store (one store's pages share its time)."""
+    _, rows = store.query(
+        "SELECT key FROM pages WHERE op = 'store' GROUP BY key ORDER BY min(time_ns), min(token_start)"
+    )
     return [key for (key,) in rows]
 
 
