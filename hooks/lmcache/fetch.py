@@ -85,18 +85,18 @@ def finish(
     used_pages = tokens_hit = 0
     for key, obj in zip(keys, objs, strict=False):
         token_range = state.range_of(key)
-        if obj is None or used_pages < len(recorded):
-            # LMCache uses a prefix: nothing after the first object it did not get.
-            facts = checksum = None
-            if obj is not None:
-                facts, checksum = object_facts(obj), payload_checksum(obj) if sampled(key, rate) else None
-            recorded.append((key, facts, token_range, False, checksum))
+        if obj is None:
+            recorded.append((key, None, token_range, False, None))
             continue
-        checksum = payload_checksum(obj) if sampled(key, rate) else None
-        recorded.append((key, object_facts(obj), token_range, True, checksum))
-        used_pages += 1
-        if token_range is not None:
-            tokens_hit += token_range[1] - token_range[0]
+        # LMCache uses a prefix: nothing after the first object it did not get.
+        used = used_pages == len(recorded)
+        recorded.append(
+            (key, object_facts(obj), token_range, used, payload_checksum(obj) if sampled(key, rate) else None)
+        )
+        if used:
+            used_pages += 1
+            if token_range is not None:
+                tokens_hit += token_range[1] - token_range[0]
 
     def describe() -> list[PageDescriptor]:
         pages = []
@@ -120,9 +120,7 @@ def finish(
     told = LazyPages(len(recorded), describe, all_used=used_pages == len(keys))
     # The operation's pages are the objects LMCache got; the layer above hears of every chunk.
     op.add_pages(lambda: [page for page, record in zip(told, recorded, strict=True) if record[1] is not None])
-    op.end(_outcome(used_pages, len(keys), False), tokens_hit=tokens_hit)
-    if link is not None:
-        link.on_pages(told)
+    _end(op, _outcome(used_pages, len(keys), False), tokens_hit, link, told)
     return objs
 
 
@@ -186,10 +184,15 @@ def _finish_guarded(
                 # LMCache releases only the objects it is given back.
                 obj.ref_count_down()
                 objs[index] = None
-    op.end(_outcome(used_pages, len(keys), rejected_at is not None), tokens_hit=tokens_hit)
+    _end(op, _outcome(used_pages, len(keys), rejected_at is not None), tokens_hit, link, told)
+    return objs
+
+
+def _end(op: Operation, outcome: Outcome, tokens_hit: int, link: Link | None, told: Sequence[PageDescriptor]) -> None:
+    """End the fetch, then tell the layer above (if any) every requested chunk."""
+    op.end(outcome, tokens_hit=tokens_hit)
     if link is not None:
         link.on_pages(told)
-    return objs
 
 
 def _vet(
