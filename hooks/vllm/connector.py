@@ -78,7 +78,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_PER_LAYER = ("wait_for_layer_load", "save_kv_layer")
+# Worker calls kvaudit observes nothing in and that are never given its metadata: at every
+# layer (tens a step on a large model), or once a step to collect the inner connector's
+# results. They are bound straight to the inner connector's own methods, no forwarder
+# frame in between (docs/design.md section 5: what the serving thread pays).
+_STRAIGHT = (
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "get_finished",
+    "get_transfer_results",
+    "get_kv_connector_stats",
+    "get_kv_connector_kv_cache_events",
+    "build_connector_worker_meta",
+)
 
 
 def _tp_rank(vllm_config: VllmConfig) -> int:
@@ -161,11 +173,10 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._observation_failed = False
         if worker:
-            # Called at every layer of every step (tens a step on a large model), and never
-            # given kvaudit's metadata: the inner connector's own methods, with no forwarder
-            # in between.
-            for name in _PER_LAYER:
-                setattr(self, name, getattr(self._inner, name))
+            for name in _STRAIGHT:
+                # Only what the running vLLM's base class declares (and so calls).
+                if hasattr(KVConnectorBase_V1, name) and hasattr(self._inner, name):
+                    setattr(self, name, getattr(self._inner, name))
         # Scheduler side with `prevent`: the tag every request's LMCache keys carry.
         self._prevent_tag: dict[str, str] | None = None
         if not worker:

@@ -105,8 +105,10 @@ def _instance_forwarder(name: str, function: Callable[..., Any]) -> Callable[...
     # updated=(): copying the function's __dict__ would copy __isabstractmethod__ too.
     @functools.wraps(function, updated=())
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        args = tuple(_inner_metadata(value) for value in args)
-        kwargs = {key: _inner_metadata(value) for key, value in kwargs.items()}
+        if args:
+            args = tuple(_inner_metadata(value) for value in args)
+        if kwargs:
+            kwargs = {key: _inner_metadata(value) for key, value in kwargs.items()}
         return getattr(self._inner, name)(*args, **kwargs)
 
     return forward

@@ -105,25 +105,50 @@ class EmitterStats:
 
 
 class Operation:
-    """One kvaudit operation on one request: becomes one span when it ends."""
+    """One kvaudit operation on one request: becomes one span when it ends.
 
-    __slots__ = ("_at", "_attrs", "_emitter", "_ended", "_later", "_op", "_pages", "_parent", "_start", "context")
+    The serving thread only keeps what it is given: `end` queues the operation itself,
+    and `build`, on the exporter thread, makes its attributes, page events and span.
+    """
+
+    __slots__ = (
+        "_amounts",
+        "_at",
+        "_attributes",
+        "_backend",
+        "_emitter",
+        "_end",
+        "_ended",
+        "_hook",
+        "_later",
+        "_op",
+        "_outcome",
+        "_pages",
+        "_parent",
+        "_request_id",
+        "_start",
+        "_tokens_requested",
+        "context",
+    )
 
     def __init__(
         self,
         emitter: Emitter,
         op: Op,
-        attrs: dict[str, Any],
+        hook: Hook | str,
+        request_id: str | None,
+        backend: str | None,
+        tokens_requested: int | None,
+        attributes: dict[str, Any] | None,
         parent: SpanContext | None,
         at_ns: int | None = None,
         start_ns: int | None = None,
     ) -> None:
         self._emitter = emitter
-        self._op = op
-        self._attrs = attrs
-        self._pages: list[tuple[PageDescriptor, int]] = []
-        self._later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]] = []
-        self._parent = parent
+        self._op, self._hook, self._request_id, self._backend = op, hook, request_id, backend
+        self._tokens_requested, self._attributes, self._parent = tokens_requested, attributes, parent
+        self._pages: list[tuple[PageDescriptor, int]] | None = None
+        self._later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]] | None = None
         # The span's own context, known from the start: operations of a layer below
         # (LMCache under vLLM) that run inside this one name it as their parent.
         self.context: SpanContext = emitter._new_context(parent)
@@ -132,11 +157,16 @@ class Operation:
         if start_ns is None:
             start_ns = time.time_ns() if at_ns is None else at_ns
         self._start = start_ns
+        self._end = start_ns
+        self._outcome: Outcome | None = None
+        self._amounts: tuple[int | None, ...] = ()
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
         if time_ns is None:
             time_ns = time.time_ns() if self._at is None else self._at
+        if self._pages is None:
+            self._pages = []
         self._pages.append((page, time_ns))
 
     def add_pages(self, describe: Callable[[], Iterable[PageDescriptor]]) -> None:
@@ -146,6 +176,8 @@ class Operation:
         token ranges, a configuration): the serving thread then makes none of them. A
         failure of `describe` is counted as an emission error; the span goes without them.
         """
+        if self._later is None:
+            self._later = []
         self._later.append((describe, time.time_ns() if self._at is None else self._at))
 
     def end(
@@ -164,31 +196,61 @@ class Operation:
             return
         self._ended = True
         try:
-            attrs = self._attrs
-            _put(attrs, SpanAttr.OUTCOME, outcome and outcome.value)
-            _put(attrs, SpanAttr.TOKENS_HIT, tokens_hit)
-            _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
-            _put(attrs, SpanAttr.TOKENS_LOCAL, tokens_local)
-            _put(attrs, SpanAttr.PAGES, pages)
-            _put(attrs, SpanAttr.BYTES, bytes)
+            self._outcome = outcome
+            self._amounts = (tokens_hit, tokens_stored, tokens_local, pages, bytes)
             if end_ns is None:
                 end_ns = time.time_ns() if self._at is None else self._at
-            self._emitter._submit(
-                _FinishedOperation(
-                    self._emitter,
-                    self._op.span_name,
-                    attrs,
-                    self._pages,
-                    self._later,
-                    self._start,
-                    end_ns,
-                    self.context,
-                    self._parent,
-                    outcome,
-                )
-            )
+            self._end = end_ns
+            self._emitter._batcher.submit(self)
         except Exception as exc:
             self._emitter._count_error(exc)
+
+    def build(self) -> ReadableSpan:
+        """The span (on the exporter thread); raises, after counting the error, when its pages cannot make one."""
+        emitter = self._emitter
+        events = [PageEvent(page, time_ns) for page, time_ns in self._pages or ()]
+        for describe, time_ns in self._later or ():
+            try:
+                events.extend(PageEvent(page, time_ns) for page in describe())
+            except Exception as exc:
+                emitter._count_error(exc)
+        try:
+            attrs = self._attributes_of(events)
+        except Exception as exc:
+            emitter._count_error(exc)
+            raise
+        max_pages = emitter._max_pages
+        return ReadableSpan(
+            self._op.span_name,
+            context=self.context,
+            parent=self._parent,
+            resource=emitter.resource,
+            attributes=attrs,
+            events=BoundedList.from_seq(max_pages, events) if len(events) > max_pages else events,
+            status=_ERROR if self._outcome is Outcome.ERROR else _OK,
+            start_time=self._start,
+            end_time=self._end,
+            instrumentation_scope=_SCOPE,
+        )
+
+    def _attributes_of(self, events: list[PageEvent]) -> dict[str, Any]:
+        attrs: dict[str, Any] = {SpanAttr.OP: self._op.value, SpanAttr.HOOK: str(self._hook)}
+        _put(attrs, SpanAttr.REQUEST_ID, self._request_id)
+        _put(attrs, SpanAttr.BACKEND, self._backend)
+        _put(attrs, SpanAttr.TOKENS_REQUESTED, self._tokens_requested)
+        if self._attributes:
+            attrs.update(self._attributes)
+        outcome = self._outcome
+        _put(attrs, SpanAttr.OUTCOME, outcome and outcome.value)
+        tokens_hit, tokens_stored, tokens_local, pages, bytes_ = self._amounts
+        _put(attrs, SpanAttr.TOKENS_HIT, tokens_hit)
+        _put(attrs, SpanAttr.TOKENS_STORED, tokens_stored)
+        _put(attrs, SpanAttr.TOKENS_LOCAL, tokens_local)
+        _put(attrs, SpanAttr.PAGES, pages)
+        _put(attrs, SpanAttr.BYTES, bytes_)
+        attrs.setdefault(SpanAttr.PAGES, len(events))
+        attrs.setdefault(SpanAttr.BYTES, sum(event.page.bytes or 0 for event in events))
+        return attrs
 
     def __enter__(self) -> Operation:
         return self
@@ -200,57 +262,6 @@ class Operation:
         tb: TracebackType | None,
     ) -> None:
         self.end(Outcome.ERROR if exc_type is not None else None)
-
-
-class _FinishedOperation:
-    """An ended operation as the serving thread leaves it; `build` (on the exporter thread) makes its span."""
-
-    __slots__ = ("attrs", "context", "emitter", "end", "later", "name", "outcome", "pages", "parent", "start")
-
-    def __init__(
-        self,
-        emitter: Emitter,
-        name: str,
-        attrs: dict[str, Any],
-        pages: list[tuple[PageDescriptor, int]],
-        later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]],
-        start: int,
-        end: int,
-        context: SpanContext,
-        parent: SpanContext | None,
-        outcome: Outcome | None,
-    ) -> None:
-        self.emitter, self.name, self.attrs, self.pages, self.later = emitter, name, attrs, pages, later
-        self.start, self.end, self.context, self.parent, self.outcome = start, end, context, parent, outcome
-
-    def build(self) -> ReadableSpan:
-        """The span; raises (after counting the error) when its recorded pages cannot make one."""
-        events = [PageEvent(page, time_ns) for page, time_ns in self.pages]
-        for describe, time_ns in self.later:
-            try:
-                events.extend(PageEvent(page, time_ns) for page in describe())
-            except Exception as exc:
-                self.emitter._count_error(exc)
-        attrs = self.attrs
-        try:
-            attrs.setdefault(SpanAttr.PAGES, len(events))
-            attrs.setdefault(SpanAttr.BYTES, sum(event.page.bytes or 0 for event in events))
-        except Exception as exc:
-            self.emitter._count_error(exc)
-            raise
-        max_pages = self.emitter._max_pages
-        return ReadableSpan(
-            self.name,
-            context=self.context,
-            parent=self.parent,
-            resource=self.emitter.resource,
-            attributes=attrs,
-            events=BoundedList.from_seq(max_pages, events) if len(events) > max_pages else events,
-            status=_ERROR if self.outcome is Outcome.ERROR else _OK,
-            start_time=self.start,
-            end_time=self.end,
-            instrumentation_scope=_SCOPE,
-        )
 
 
 class _NoOperation(Operation):
@@ -354,16 +365,10 @@ class Emitter:
         a simulator passes its clock, so that simulated time travels the real path.
         """
         try:
-            attrs: dict[str, Any] = {SpanAttr.OP: op.value, SpanAttr.HOOK: str(hook)}
-            _put(attrs, SpanAttr.REQUEST_ID, request_id)
-            _put(attrs, SpanAttr.BACKEND, backend)
-            _put(attrs, SpanAttr.TOKENS_REQUESTED, tokens_requested)
-            if attributes:
-                attrs.update(attributes)
             if parent is None:
                 current = trace.get_current_span().get_span_context()
                 parent = current if current.is_valid else None
-            return Operation(self, op, attrs, parent, at_ns, start_ns)
+            return Operation(self, op, hook, request_id, backend, tokens_requested, attributes, parent, at_ns, start_ns)
         except Exception as exc:
             self._count_error(exc)
             return _NoOperation()
@@ -397,9 +402,6 @@ class Emitter:
         stats = self.stats
         if stats.any_loss:
             _fallback_line(f"replica {self.replica!r} pid {os.getpid()}: {_loss_text(stats)} (at shutdown)")
-
-    def _submit(self, finished: _FinishedOperation) -> None:
-        self._batcher.submit(finished)
 
     def _undelivered(self, batch: list[ReadableSpan] | tuple[ReadableSpan, ...]) -> None:
         """A batch failed: where it carried a telemetry span, its counts go to stderr instead."""
