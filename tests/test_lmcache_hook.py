@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
 torch = pytest.importorskip("torch")
 
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, PageDescriptor  # noqa: E402
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Op, PageDescriptor  # noqa: E402
 from kvaudit.read.store import TraceStore  # noqa: E402
 
 from .servers import free_port, serving  # noqa: E402
@@ -516,6 +516,59 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
     ]
     _, pages = store.query("SELECT token_start, token_end, used, tier FROM pages WHERE op = 'fetch' ORDER BY time_ns")
     assert pages == [(0, 256, True, None), (0, 256, True, "cpu"), (256, 512, True, "cpu")]
+    store.close()
+
+
+def test_without_the_guard_a_chunk_after_a_missing_one_is_fetched_but_not_used(tmp_path: Path) -> None:
+    """LMCache uses a prefix: an object it got after one it did not is described, and unused."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from opentelemetry.trace import SpanContext
+
+    from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache import runtime
+    from kvaudit.hooks.lmcache.links import LINKS, Link
+    from kvaudit.hooks.lmcache.testing import cpu_engine
+
+    assert hook.instrument(replica="gap", export=f"file:{tmp_path}/gap.jsonl")
+    engine = cpu_engine("gap", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())
+    told: list[Any] = []
+    try:
+        tokens = list(range(TOKENS))
+        engine.store(tokens, kvcache=torch.ones(2, 2, TOKENS, 2, 16, dtype=torch.bfloat16))
+        keys = [key for _, _, key in engine.token_database.process_tokens(tokens)]
+        assert len(keys) == 3
+        assert engine.storage_manager.storage_backends["LocalCPUBackend"].remove(keys[1])
+        # A layer above (the vLLM hook) follows the request: it is told every requested chunk.
+        LINKS.put("gap-engine-id", Op.FETCH, Link("gap-request", SpanContext(1, 2, False), told.append))
+        request = runtime.REQUEST_ID.set("gap-engine-id")
+        try:
+            objs = engine.storage_manager.batched_get(keys, "LocalCPUBackend")
+        finally:
+            runtime.REQUEST_ID.reset(request)
+        assert [obj is not None for obj in objs] == [True, False, True]
+        for obj in objs:
+            if obj is not None:
+                obj.ref_count_down()
+    finally:
+        LMCacheEngineBuilder.destroy("gap")
+        hook.uninstrument()
+        LINKS.clear()
+
+    (report,) = told
+    assert not report.all_used
+    assert [(page.token_start, page.used) for page in report] == [(0, True), (256, False), (512, False)]
+    store = TraceStore([tmp_path])
+    store.refresh()
+    _, spans = store.query(
+        "SELECT request_id, outcome, tokens_hit, pages FROM spans WHERE op = 'fetch' AND request_id = 'gap-request'"
+    )
+    assert spans == [("gap-request", "partial", 256, 2)]
+    # The span's pages are the objects LMCache got: the missing chunk is not among them.
+    _, pages = store.query(
+        "SELECT token_start, used, dtype IS NOT NULL FROM pages WHERE op = 'fetch' AND request_id = 'gap-request' "
+        "ORDER BY token_start"
+    )
+    assert pages == [(0, True, True), (512, False, True)]
     store.close()
 
 
