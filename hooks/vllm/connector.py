@@ -175,7 +175,7 @@ class KVAuditConnector(KVConnectorBase_V1):
         if worker:
             for name in _STRAIGHT:
                 # Only what the running vLLM's base class declares (and so calls).
-                if hasattr(KVConnectorBase_V1, name) and hasattr(self._inner, name):
+                if hasattr(KVConnectorBase_V1, name):
                     setattr(self, name, getattr(self._inner, name))
         # Scheduler side with `prevent`: the tag every request's LMCache keys carry.
         self._prevent_tag: dict[str, str] | None = None

@@ -159,7 +159,8 @@ class Operation:
         self._start = start_ns
         self._end = start_ns
         self._outcome: Outcome | None = None
-        self._amounts: tuple[int | None, ...] = ()
+        # tokens hit, stored and local, pages, bytes: set by `end`, which alone queues the operation.
+        self._amounts: tuple[int | None, ...] = (None, None, None, None, None)
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
