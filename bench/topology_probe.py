@@ -18,11 +18,11 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`) has no vLLM layer: nothing
   of it is counted.
 
-After each save (one per engine step) the worker writes the totals so far, and those of
-its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM may end a worker without a
-`shutdown`), inside the wrapped connector's window. The first step's totals hold the
-one-time costs (the LMCache hook makes its emitter at its first operation), which the
-benchmark takes off with a warm-up request.
+After each save (one per engine step) the worker writes the totals so far (and the
+count of engine steps), and those of its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM
+may end a worker without a `shutdown`), inside the wrapped connector's window. The first
+step's totals hold the one-time costs (the LMCache hook makes its emitter at its first
+operation), which the benchmark takes off with a warm-up request.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from kvaudit.hooks.vllm.lmcache_cpu import CPULMCacheConnectorV1
 SECONDS: defaultdict[str, float] = defaultdict(float)
 CALLS: defaultdict[str, int] = defaultdict(int)
 FIRST_STEP: dict[str, float] = {}  # SECONDS at the end of the first engine step
+FIRST_STEP_CALLS: dict[str, int] = {}  # and CALLS
 
 
 def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,6 +141,8 @@ class ProbedLMCacheConnector(CPULMCacheConnectorV1):
         if CALLS["engine_store"] and not FIRST_STEP:
             # A step starts after the first one: every clock of that step has stopped.
             FIRST_STEP.update(SECONDS)
+            FIRST_STEP_CALLS.update(CALLS)
+        CALLS["steps"] += 1
         super().bind_connector_metadata(connector_metadata)
         _INNER.append(time.thread_time())
 
@@ -170,7 +173,10 @@ def _write() -> None:
     out = os.environ.get("KVAUDIT_PROBE_OUT")
     if out:
         with open(out, "w") as file:
-            json.dump({"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS}, file)
+            json.dump(
+                {"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS, "first_step_calls": FIRST_STEP_CALLS},
+                file,
+            )
 
 
 for _name in _COLLECT:
