@@ -71,7 +71,7 @@ def test_typed_tables_take_every_descriptor_field_as_a_column(database):
     [(partition_key, sorting_key)] = database.query(
         "SELECT partition_key, sorting_key FROM system.tables WHERE name = 'kvaudit_pages'"
     )[1]
-    assert "time_ns" in partition_key and sorting_key == "key, time_ns"
+    assert "time_ns" in partition_key and sorting_key == "replica, key, time_ns"
     codecs = dict(database.query("SELECT name, compression_codec FROM system.columns WHERE table = 'kvaudit_pages'")[1])
     assert codecs["time_ns"] == "CODEC(Delta(8), ZSTD(1))" and codecs["key"] == "CODEC(ZSTD(1))"
 

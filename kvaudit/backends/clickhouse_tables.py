@@ -8,8 +8,10 @@ views use, and appends the rows to a table whose columns are the read stage's
 (`kvaudit.read.columns`, generated from the contract's column maps), so nothing here
 names a column twice. The backend reads them when present (`clickhouse.py`).
 
-- `kvaudit_pages`: one row per page event, partitioned by UTC day, ordered by key and
-  time (a key's store and fetches lie together; a point lookup reads a granule).
+- `kvaudit_pages`: one row per page event, partitioned by UTC day, ordered by replica,
+  key and time, as `kvaudit ingest --parquet` sorts its files: a replica's pages lie
+  together (a replica filter reads its range), and a point lookup reads a granule of
+  each replica.
 - `kvaudit_spans`: one row per span, partitioned by UTC day, ordered by replica and start.
 - `kvaudit_replicas`: one row per process (ReplacingMergeTree: repeats merge away).
 
@@ -44,8 +46,9 @@ from kvaudit.read.columns import PAGES_SCHEMA, RESOURCES_SCHEMA, SPANS_SCHEMA
 _MANY_VALUES: Final = frozenset({"key", "trace_id", "span_id", "parent_span_id", "request_id", "checksum"})
 # Codecs by measurement (docs/scale.md, "Typed tables": bench/scale_codecs.py on the
 # bench's fleet): ZSTD(1) halves LZ4's size for the ids and hashes that dominate, and
-# ZSTD(3) gains little more; a time column also halves again under Delta (a key's store
-# and fetches lie together, seconds apart; a replica's spans follow one another).
+# ZSTD(3) gains little more; a time column also halves again under Delta where its rows
+# follow one another in time (a replica's spans), and neither gains nor loses by it where
+# they do not (a replica's pages, by key).
 _CODECS: Final = {
     pa.string(): "ZSTD(1)",
     pa.int64(): "ZSTD(1)",
@@ -101,7 +104,7 @@ TYPED_TABLES: Final = (
         "pages",
         "kvaudit_pages",
         PAGES_SCHEMA,
-        order_by="key, time_ns",
+        order_by="replica, key, time_ns",
         partition_by=_day("time_ns"),
         required=frozenset({"resource_id", "time_ns"}),
         time_range=(
