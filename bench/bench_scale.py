@@ -11,6 +11,7 @@ two steps alone: the first store of each key, and every fetch joined to it.
 
 Sizes: KVAUDIT_BENCH_SCALE_PAGES (comma-separated, default 10000000).
 Where: KVAUDIT_BENCH_DIR (default: a temporary directory, removed afterwards).
+Audits: KVAUDIT_BENCH_SCALE_AUDITS=0 leaves them out (at 10M they take about an hour here).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ WHOLE_AUDIT_UP_TO: Final = 10_000_000  # beyond, only the audit by day (the whol
 # Fetched pages per partition of the audit by day: small enough that the sizes this machine
 # can hold split into several, so that its peak memory shows whether it follows a partition.
 PARTITION_ROWS: Final = int(os.environ.get("KVAUDIT_BENCH_PARTITION_ROWS", "500000"))
+AUDITS: Final = os.environ.get("KVAUDIT_BENCH_SCALE_AUDITS", "1") != "0"
 QUERIES: Final = {
     "scan": "SELECT count(*) AS pages, sum(bytes) AS bytes, count(DISTINCT key) AS keys FROM pages",
     "filter": "SELECT count(*) AS pages, sum(bytes) AS bytes FROM pages WHERE replica = 'r3' AND op = 'fetch'",
@@ -133,6 +135,12 @@ def _bench(pages: int, work: Path, *, codecs: bool) -> None:
         print("\n".join(scale_codecs.measure(typed)))
     for backend in backends.values():
         backend.close()
+    if AUDITS:
+        _audit(database, dataset, chdb, pages)
+
+
+def _audit(database: Path, dataset: Path, chdb: Path, pages: int) -> None:
+    """The audit by day and whole on each backend, with its time and peak memory."""
     # Each audit in a process of its own (chdb's database directory admits one process at a time).
     modes = ["by-day", "whole"] if pages <= WHOLE_AUDIT_UP_TO else ["by-day"]
     print(f"  {'audit':<18}{'seconds':>10}{'CPU s':>10}{'peak GiB':>10}{'findings':>10}{'partitions':>12}")
