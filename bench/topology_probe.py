@@ -7,8 +7,11 @@ shares the cores) and, for the engine's transfers, the wall clock too:
 
 - the wrapped connector's `start_load_kv`, and its `save_kv_layer` (each layer) and
   `wait_for_save`: the engine's fetch and store, LMCache's hook included;
-- the LMCache hook's own work inside them (`fetch.start`, `fetch.finish`, the store
-  plugin's `batched_submit_put_task`), taken off the engine's figure;
+- the LMCache hook's own work inside them and on LMCache's lookup thread (`fetch.start`,
+  `fetch.finish`, `fetch.end_lookup`, the store plugin's `batched_submit_put_task`),
+  taken off the engine's figure. The instrumentor's thin wrappers stay uncounted (a
+  call and a context variable around each wrapped method, and a dict store per chunk
+  LMCache hashes, `Runtime.remember_range`): a clock costs more than any of them;
 - `KVAuditConnector`'s worker calls, every one vLLM makes at each step or layer
   (`bind_connector_metadata`, `start_load_kv`, `save_kv_layer`, `wait_for_save`, and
   those that collect results, `_COLLECT`): the vLLM layer's own work is their time
@@ -81,6 +84,7 @@ def _engine(side: str, function: Callable[..., Any]) -> Callable[..., Any]:
 # The LMCache hook's own work (it calls these through the module: the wraps take effect).
 fetch.start = _timed("lmcache_hook", fetch.start)
 fetch.finish = _timed("lmcache_hook", fetch.finish)
+fetch.end_lookup = _timed("lmcache_hook", fetch.end_lookup)
 KvauditStorePlugin.batched_submit_put_task = _timed("lmcache_hook", KvauditStorePlugin.batched_submit_put_task)
 # Where the wrapped connector's method began and ended, inside the vLLM layer's current call.
 _INNER: list[float] = []

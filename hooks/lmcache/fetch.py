@@ -222,7 +222,13 @@ def _outcome(used: int, requested: int, rejected: bool) -> Outcome:
     return Outcome.REJECTED if rejected else Outcome.MISS
 
 
-def lookup_outcome(hit: int, requested: int) -> Outcome:
+def end_lookup(state: Runtime, op: Operation, keys: Sequence[CacheEngineKey], hit: int) -> None:
+    """End a lookup that found the first `hit` of `keys`."""
+    last = state.range_of(keys[hit - 1]) if hit else None
+    op.end(_lookup_outcome(hit, len(keys)), tokens_hit=last[1] if last else 0)
+
+
+def _lookup_outcome(hit: int, requested: int) -> Outcome:
     if requested and hit == requested:
         return Outcome.HIT
     return Outcome.PARTIAL if hit else Outcome.MISS

@@ -227,8 +227,7 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         hit, mapping = _call(op, original, self, keys, search_range, pin)
         if op is not None:
             try:
-                last = state.range_of(keys[hit - 1]) if hit else None
-                op.end(fetch.lookup_outcome(hit, len(keys)), tokens_hit=last[1] if last else 0)
+                fetch.end_lookup(state, op, keys, hit)
             except Exception as exc:  # the hook's own failure must not become LMCache's
                 runtime.failed("lookup", exc)
         return hit, mapping
