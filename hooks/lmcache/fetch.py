@@ -224,11 +224,9 @@ def _outcome(used: int, requested: int, rejected: bool) -> Outcome:
 
 def end_lookup(state: Runtime, op: Operation, keys: Sequence[CacheEngineKey], hit: int) -> None:
     """End a lookup that found the first `hit` of `keys`."""
-    last = state.range_of(keys[hit - 1]) if hit else None
-    op.end(_lookup_outcome(hit, len(keys)), tokens_hit=last[1] if last else 0)
-
-
-def _lookup_outcome(hit: int, requested: int) -> Outcome:
-    if requested and hit == requested:
-        return Outcome.HIT
-    return Outcome.PARTIAL if hit else Outcome.MISS
+    if not hit:
+        op.end(Outcome.MISS, tokens_hit=0)
+        return
+    last = state.range_of(keys[hit - 1])
+    # One frame, as the lookup's end was before it moved here (LMCache's lookup thread).
+    op.end(Outcome.HIT if hit == len(keys) else Outcome.PARTIAL, tokens_hit=last[1] if last else 0)
