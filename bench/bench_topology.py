@@ -9,9 +9,9 @@ quickly (4 MiB per 256-token chunk, 512 KiB per 32-token vLLM block), and 32 lay
 KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB per chunk).
 The hooks' work is per call, per request and per page, not per byte or per layer, so the
 share of the engine it takes falls as the pages grow. Requests come one at a time, each
-in engine steps of its own, and, at 4 layers, also all together, as a serving replica
-receives them: vLLM batches them, and the vLLM layer's calls at each step serve every
-request of the step. Clocks inside each worker (bench/topology_probe.py) measure, in the
+in engine steps of its own, and also all together, as a serving replica receives them:
+vLLM batches them, and the vLLM layer's calls at each step serve every request of the
+step. Clocks inside each worker (bench/topology_probe.py) measure, in the
 same run, the engine's store and fetch (wall time of LMCache with its copy, pool transfer
 and lookup release, the hooks taken off) and the CPU time of the LMCache hook's own work
 and of the vLLM layer's own work, after a warm-up request (the first step holds one-time
@@ -48,6 +48,7 @@ RUNS = {
     "4 layers": (4, False),
     "4 layers, the requests sent together": (4, True),
     "32 layers (Llama-3-8B's KV geometry)": (32, False),
+    "32 layers, the requests sent together": (32, True),
 }
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
