@@ -18,6 +18,8 @@
 -- It reads every line with JSON functions, about 100x slower than `kvaudit ingest`: fine
 -- for a few files, use `kvaudit ingest` for large ones.
 
+-- kvaudit SQL's key_id(key), which the named queries group and join keys by: the key itself.
+CREATE OR REPLACE MACRO key_id(key) AS key;
 CREATE OR REPLACE MACRO kvaudit_attrs(list) AS
     map_from_entries(list_transform(json_extract(list, '$[*]'), lambda a: {'k': a ->> '$.key', 'v': a -> '$.value'}));
 CREATE OR REPLACE MACRO kvaudit_str(attrs, name) AS attrs[name] ->> '$.stringValue';

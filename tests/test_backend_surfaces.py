@@ -93,7 +93,7 @@ def test_exporter_on_clickhouse(sources: tuple[str, str]):
     traces, url = sources
     on_duckdb = _scrape([traces], None)
     on_clickhouse = _scrape([], url)
-    assert on_duckdb[("kvaudit_pages_total", (("op", "fetch"), ("replica", "r2")))] == 15
+    assert on_duckdb[("kvaudit_pages_total", (("op", "fetch"), ("replica", "r2")))] == 16
     assert on_clickhouse == pytest.approx(on_duckdb, rel=1e-9)
 
 

@@ -51,7 +51,8 @@ NOT_IN_CLICKHOUSE = {"file", "line", "dropped_attributes", "dropped_events", "at
 def write_fleet(directory: Path) -> None:
     """Two replicas sharing a pool, with the cases the views, queries and audit rules must agree
     on: complete and incomplete pages, rejected ones, process-local addresses, a wrong size,
-    another layout than the consumer's, keys nobody stored; and a third replica's GPU cache
+    another layout than the consumer's, keys nobody stored, a page without a key on either
+    side (which must not meet: a key id of NULL is an id on ClickHouse); and a third replica's GPU cache
     (vLLM's KV events) taking in blocks from the pool, its own cache and computation."""
     producer = setup_emitter("r1", f"file:{directory}/r1.jsonl", engine="vllm", kv=KV, export_delay_s=0.01)
     consumer = setup_emitter("r2", f"file:{directory}/r2.jsonl", engine="lmcache", kv=KV, export_delay_s=0.01)
@@ -59,6 +60,8 @@ def write_fleet(directory: Path) -> None:
         with producer.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id=f"a{n}", backend="lmcache.remote") as op:
             for i in range(3):
                 op.add_page(full_page(f"{n:060x}{i:04x}", i))
+            if n == 0:
+                op.add_page(PageDescriptor(token_start=96, token_end=128))
             op.end(Outcome.HIT, tokens_stored=96)
     for n in range(5):  # request a4 fetches keys nobody stored
         with consumer.operation(
@@ -73,6 +76,8 @@ def write_fleet(directory: Path) -> None:
             if n == 3:
                 third = msgspec.structs.replace(third, layout="NB_2_BS_NH_HS", address=None)
             op.add_page(third)
+            if n == 4:
+                op.add_page(PageDescriptor(token_start=96, token_end=128, used=False))
             op.end(Outcome.PARTIAL, tokens_hit=64)
         with consumer.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR, request_id=f"b{n}", tokens_requested=128) as op:
             op.end(Outcome.MISS if n == 4 else Outcome.HIT, tokens_hit=0 if n == 4 else 96)
@@ -277,6 +282,18 @@ REPRESENTATIVE = {
         SELECT f.key, f.time_ns - s.time_ns AS after_store_ns, make_timestamp_ns(s.time_ns) AS stored_at
         FROM (SELECT key, time_ns FROM pages WHERE op = 'fetch') f
         ASOF JOIN (SELECT key, time_ns FROM pages WHERE op = 'store') s ON s.key = f.key AND s.time_ns < f.time_ns""",
+    "key_ids_grouped_and_joined": """
+        SELECT f.request_id, f.token_start, s.producer
+        FROM pages f
+        LEFT JOIN (SELECT key_id(key) AS id, arg_min(replica, time_ns) AS producer FROM pages
+                   WHERE op = 'store' AND key IS NOT NULL GROUP BY key_id(key)) s ON s.id = key_id(f.key)
+        WHERE f.op = 'fetch'""",
+    "key_ids_computed": """
+        SELECT count(*) AS pairs FROM (SELECT key FROM pages WHERE op = 'fetch' AND key IS NOT NULL) f
+        JOIN (SELECT DISTINCT key FROM pages WHERE op = 'store') s ON key_id(s.key) = key_id(f.key)""",
+    "distinct_keys": """
+        SELECT count(DISTINCT key) AS keys, count(DISTINCT p.key) FILTER (WHERE op = 'store') AS stored,
+               (SELECT count(DISTINCT key) FROM pages WHERE op = 'fetch') AS fetched FROM pages p""",
     "spans_time_and_status": """
         SELECT op, outcome, status_code, duration_ms > 0 AS timed, end_time >= start_time AS ordered,
                tokens_hit / nullif(tokens_requested, 0) AS rate FROM spans""",
@@ -312,6 +329,18 @@ def test_capacity_curves_agree(backends, sample_rate):
     curve = capacity_curve(clickhouse, sample_rate=sample_rate)
     assert (curve.accesses, curve.sample_rate) == (expected.accesses, expected.sample_rate) and expected.accesses
     assert curve.distances.tolist() == expected.distances.tolist()
+
+
+def test_key_ids_are_read_where_the_key_is_a_page_column():
+    """`key_id(key)` and `count(DISTINCT key)` of `pages` read the ids the typed tables store; a key
+    out of a subquery has its id computed. `summary` computes none (docs/scale.md, "The key's id")."""
+    [direct] = to_clickhouse("SELECT key_id(key) AS id, count(DISTINCT key) AS n FROM pages GROUP BY key_id(key)")
+    assert "FROM pages_keyed AS pages" in direct.sql and "sipHash128" not in direct.sql
+    assert "key_hash AS id" in direct.sql and "uniqExactIf(key_hash, key_hash <> 0)" in direct.sql
+    [computed] = to_clickhouse("SELECT key_id(s.key) AS id FROM (SELECT key FROM pages) AS s")
+    assert "sipHash128" in computed.sql and "pages_keyed" not in computed.sql
+    [summary] = to_clickhouse(load("summary"))
+    assert "pages_keyed" in summary.sql and "sipHash128" not in summary.sql
 
 
 def test_cte_materialisation_is_left_to_clickhouse():

@@ -125,7 +125,7 @@ def test_typed_tables_of_another_layout_are_not_read_nor_replaced(database, trac
     database.connection.command("ALTER TABLE kvaudit_pages MODIFY COMMENT 'kvaudit pages from otel_traces, layout 0'")
     with caplog.at_level(logging.WARNING, logger="kvaudit.backends.clickhouse"):
         backend = _session(database)
-        assert backend.query("SELECT count(*) FROM pages")[1] == [(37,)]
+        assert backend.query("SELECT count(*) FROM pages")[1] == [(39,)]
     assert backend.reads_typed_tables is False
     assert "kvaudit_pages are of another layout" in caplog.records[0].getMessage()
     with pytest.raises(BackendError, match="kvaudit_pages exists with another layout"):
@@ -151,7 +151,7 @@ def test_setup_command(tmp_path: Path, traces: Path, capsys):
     out = capsys.readouterr().out
     assert "kvaudit_pages: present" in out and _copied(iter(out.splitlines()[6:])) == 23
     assert main(["sql", "--backend", url, "SELECT count(*) AS n FROM pages", "--format", "csv"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["n", "37"]
+    assert capsys.readouterr().out.splitlines() == ["n", "39"]
 
 
 def test_setup_print_needs_no_server(capsys):

@@ -54,7 +54,7 @@ def test_partitioned_by_day_and_replica_and_sorted_by_key(fleet):
     assert folders == [f"day={day}/replica={replica}" for replica in ("r1", "r2", "r3")]
     for file in (dataset / "pages").rglob("*.parquet"):
         keys = pq.read_table(file, columns=["key"]).column("key").to_pylist()
-        assert keys == sorted(keys)
+        assert keys == sorted(keys, key=lambda key: (key is None, key or ""))  # no key last
 
 
 def test_ingest_twice_adds_nothing_and_reads_empty_tables(tmp_path: Path):
@@ -111,7 +111,7 @@ def test_each_day_and_replica_is_written_apart_a_replica_unnamed_too(tmp_path: P
     ]
     for file in (dataset / "pages").rglob("*.parquet"):
         keys = pq.read_table(file, columns=["key"]).column("key").to_pylist()
-        assert keys == sorted(keys)
+        assert keys == sorted(keys, key=lambda key: (key is None, key or ""))  # no key last
     from_json, from_parquet = (
         open_store([str(tmp_path / "r1.jsonl"), str(tmp_path / "unnamed.jsonl")]),
         open_store([str(dataset)]),

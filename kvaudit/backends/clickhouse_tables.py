@@ -11,7 +11,8 @@ names a column twice. The backend reads them when present (`clickhouse.py`).
 - `kvaudit_pages`: one row per page event, partitioned by UTC day, ordered by replica,
   key and time, as `kvaudit ingest --parquet` sorts its files: a replica's pages lie
   together (a replica filter reads its range), and a point lookup reads a granule of
-  each replica.
+  each replica. Beside the views' columns it stores each page's key id (`KEY_ID`,
+  computed at insert), which the view `pages_keyed` reads.
 - `kvaudit_spans`: one row per span, partitioned by UTC day, ordered by replica and start.
 - `kvaudit_replicas`: one row per process (ReplacingMergeTree: repeats merge away).
 
@@ -33,7 +34,10 @@ from sqlglot import exp
 
 from kvaudit.backends.clickhouse_views import (
     DEFAULT_TABLE,
+    KEY_ID,
+    KEYED_VIEW,
     NOT_KEPT,
+    key_id_sql,
     select_list,
     table_sql,
     view_expressions,
@@ -88,6 +92,9 @@ class TypedTable:
     # A time column and the least and greatest value of it a partition of the exporter's
     # table can give (SQL over that table): the typed rows a backfill compares with.
     time_range: tuple[str, str, str] | None = None
+    # Columns beyond the view's, computed by ClickHouse at insert (`MATERIALIZED`, so
+    # neither an insert nor `SELECT *` names them): name -> type, expression and codec.
+    derived: tuple[tuple[str, str], ...] = ()
 
     @property
     def columns(self) -> list[pa.Field]:
@@ -107,6 +114,8 @@ TYPED_TABLES: Final = (
         order_by="replica, key, time_ns",
         partition_by=_day("time_ns"),
         required=frozenset({"resource_id", "time_ns"}),
+        # A hash is random bits: no codec shrinks it.
+        derived=((KEY_ID, f"UInt128 MATERIALIZED {key_id_sql('key')} CODEC(NONE)"),),
         time_range=(
             "time_ns",
             "toUnixTimestamp64Nano(minIf(arrayMin(`Events.Timestamp`), notEmpty(`Events.Timestamp`)))",
@@ -152,7 +161,8 @@ def codec(field: pa.Field) -> str:
 def create_table(table: TypedTable, source: str = DEFAULT_TABLE) -> str:
     """`CREATE TABLE IF NOT EXISTS` for one typed table."""
     columns = ",\n    ".join(
-        f"{field.name} {column_type(table, field)} CODEC({codec(field)})" for field in table.columns
+        [f"{field.name} {column_type(table, field)} CODEC({codec(field)})" for field in table.columns]
+        + [f"{name} {definition}" for name, definition in table.derived]
     )
     partition = f"\nPARTITION BY {table.partition_by}" if table.partition_by else ""
     return (
@@ -214,6 +224,10 @@ def typed_view_statements() -> dict[str, str]:
         statements[table.view] = (
             f"CREATE TEMPORARY VIEW {table.view} AS SELECT {distinct}{select_list(columns)} FROM {table.name}"
         )
+        if table.view == "pages":
+            statements[KEYED_VIEW] = (
+                f"CREATE TEMPORARY VIEW {KEYED_VIEW} AS SELECT {select_list(columns)}, {KEY_ID} FROM {table.name}"
+            )
     return statements
 
 
@@ -246,6 +260,7 @@ def comment(table: TypedTable, source: str) -> str:
     layout = "\n".join(
         [table.engine, table.order_by, table.partition_by or ""]
         + [f"{field.name} {column_type(table, field)} {codec(field)}" for field in table.columns]
+        + [f"{name} {definition}" for name, definition in table.derived]
         + [insert_query(table, source)]
     )
     fingerprint = hashlib.sha256(layout.encode()).hexdigest()[:16]

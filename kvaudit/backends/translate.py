@@ -28,7 +28,14 @@ translates most of it; this module adds what kvaudit's queries need beyond that:
 - `cume_dist()` is spelled in lower case, the only spelling ClickHouse knows;
 - `recent(ts, span)`, kvaudit SQL's own function (a macro on DuckDB), is written out
   as its definition (`base.RECENT`);
-- a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`).
+- a selected `t.column` is named `column`, as in DuckDB (ClickHouse would name it `t.column`);
+- `key_id(key)`, kvaudit SQL's own function (the key itself on DuckDB), becomes the key's
+  128-bit hash (`clickhouse_views.KEY_ID`): read from the view `pages_keyed`, stored at
+  insert in the typed tables, where the key is a column of `pages` in its SELECT (that
+  source then reads `pages_keyed`), and computed otherwise;
+- `count(DISTINCT key)` over `pages` counts the key ids other than 0 (a NULL key's):
+  the same count (`uniqExact` keeps that very hash of each string it counts), without
+  hashing every key as it is read.
 
 Where a construct has no translation, the source query is written in a form both
 engines share instead (see queries/README.md).
@@ -45,6 +52,7 @@ import sqlglot
 from sqlglot import exp
 
 from kvaudit.backends.base import RECENT, Params
+from kvaudit.backends.clickhouse_views import KEY_ID, KEYED_VIEW, key_id_sql
 
 READ: Final = "duckdb"
 WRITE: Final = "clickhouse"
@@ -86,6 +94,7 @@ def _translate(
         if tree is None:
             continue
         _expand_stars(tree, known)
+        _use_key_ids(tree)
         for rewrite in (_bind_variables(values), _rewrite_functions, _rewrite_json_objects):
             tree = tree.transform(rewrite)
         statements.append(Statement(tree.sql(dialect=WRITE), isinstance(tree, exp.Query)))
@@ -164,6 +173,64 @@ def _output_names(query: exp.Query, names: dict[str, tuple[str, ...]]) -> tuple[
         else:
             output.append(selected.alias_or_name)
     return tuple(output)
+
+
+def _use_key_ids(tree: exp.Expression) -> None:
+    """`key_id(key)` and `count(DISTINCT key)` of `pages` read the key ids (module docstring)."""
+    # A CTE of the query's own named `pages` is not the view.
+    shadowed = any(cte.alias == "pages" for cte in tree.find_all(exp.CTE))
+    for count in list(tree.find_all(exp.Count)):
+        distinct = count.this
+        # Only a plain aggregate: sqlglot writes FILTER and OVER of a function it knows alone.
+        plain = not isinstance(count.parent, exp.Filter | exp.Window)
+        if shadowed or not plain or not isinstance(distinct, exp.Distinct) or len(distinct.expressions) != 1:
+            continue
+        [column] = distinct.expressions
+        table = _pages_key(column)
+        if table is not None:
+            key_id = _keyed(table, column)
+            # A NULL key's id is 0; testing the id spares reading the keys' NULL map.
+            present = exp.NEQ(this=key_id.copy(), expression=exp.Literal.number(0))
+            count.replace(exp.Anonymous(this="uniqExactIf", expressions=[key_id, present]))
+    for call in list(tree.find_all(exp.Anonymous)):
+        if _is_call(call, "key_id") and len(call.expressions) == 1:
+            [key] = call.expressions
+            table = None if shadowed else _pages_key(key)
+            call.replace(_keyed(table, key) if table is not None else _key_id(key))
+
+
+def _pages_key(column: exp.Expression) -> exp.Table | None:
+    """The `pages` source of its SELECT that `column` is the key of, or None."""
+    select = column.find_ancestor(exp.Select)
+    if not isinstance(column, exp.Column) or column.name != "key" or select is None:
+        return None
+    if any(selected.is_star for selected in select.expressions):
+        return None  # its source will read `pages_keyed`, whose star has one more column
+    joins = [select.args.get("from_"), *(select.args.get("joins") or [])]
+    sources = [join.this for join in joins if join is not None]
+    if column.table:
+        sources = [source for source in sources if source.alias_or_name == column.table]
+    if len(sources) != 1 or not isinstance(sources[0], exp.Table) or sources[0].db:
+        return None
+    return sources[0] if sources[0].name in ("pages", KEYED_VIEW) else None
+
+
+def _keyed(table: exp.Table, key: exp.Column) -> exp.Column:
+    """The key id column of `key`, its `pages` source `table` made to read `pages_keyed` (same alias)."""
+    if table.name == "pages":
+        if not table.alias:
+            table.set("alias", exp.TableAlias(this=exp.to_identifier("pages")))
+        table.set("this", exp.to_identifier(KEYED_VIEW))
+    return exp.column(KEY_ID, table=key.table or None)
+
+
+def _key_id(key: exp.Expression) -> exp.Expression:
+    """The key id of `key`, computed."""
+    return (
+        _key_id_definition()
+        .copy()
+        .transform(lambda n: key.copy() if isinstance(n, exp.Column) and n.name == "key" else n)
+    )
 
 
 def _rewrite_functions(node: exp.Expression) -> exp.Expression:
@@ -269,6 +336,11 @@ def _json_branches(case: exp.Case) -> bool:
 
 def _is_call(node: exp.Expression, name: str) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.lower() == name
+
+
+@lru_cache(maxsize=1)
+def _key_id_definition() -> exp.Expression:
+    return sqlglot.parse_one(key_id_sql("key"), read=WRITE)
 
 
 @lru_cache(maxsize=1)

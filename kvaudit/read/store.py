@@ -106,6 +106,10 @@ class TraceStore:
         return store
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
+        # kvaudit SQL's `key_id(key)`: the key itself here, where hash tables take strings
+        # at the speed of a hash (ClickHouse's do not: kvaudit.backends.translate). A
+        # temporary macro, so that a database of an earlier kvaudit has it too.
+        con.execute("CREATE OR REPLACE TEMP MACRO key_id(key) AS key")
         self._con = con
         self._rows = rows
         self._registered = -1  # the version of Arrow rows registered on `con`
