@@ -102,6 +102,11 @@ class TypedTable:
         return [field for field in self.schema if field.name not in NOT_KEPT]
 
     @property
+    def derived_columns(self) -> list[str]:
+        """The `derived` columns as `CREATE TABLE` declares them."""
+        return [f"{name} {definition}" for name, definition in self.derived]
+
+    @property
     def mv_name(self) -> str:
         return f"{self.name}_mv"
 
@@ -162,7 +167,7 @@ def create_table(table: TypedTable, source: str = DEFAULT_TABLE) -> str:
     """`CREATE TABLE IF NOT EXISTS` for one typed table."""
     columns = ",\n    ".join(
         [f"{field.name} {column_type(table, field)} CODEC({codec(field)})" for field in table.columns]
-        + [f"{name} {definition}" for name, definition in table.derived]
+        + table.derived_columns
     )
     partition = f"\nPARTITION BY {table.partition_by}" if table.partition_by else ""
     return (
@@ -260,7 +265,7 @@ def comment(table: TypedTable, source: str) -> str:
     layout = "\n".join(
         [table.engine, table.order_by, table.partition_by or ""]
         + [f"{field.name} {column_type(table, field)} {codec(field)}" for field in table.columns]
-        + [f"{name} {definition}" for name, definition in table.derived]
+        + table.derived_columns
         + [insert_query(table, source)]
     )
     fingerprint = hashlib.sha256(layout.encode()).hexdigest()[:16]
