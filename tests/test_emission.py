@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from kvaudit.contract import Hook, Op, Outcome, PageAttr, PageDescriptor, SpanAttr, TelemetryAttr
 from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource, setup_emitter
@@ -157,6 +159,37 @@ def test_the_callers_own_exception_propagates_and_is_recorded():
     emitter.flush()
     assert capture.spans[0].attributes[SpanAttr.OUTCOME] == "error"
     assert emitter.stats.errors == 0
+
+
+def test_an_operation_is_the_child_of_the_span_current_when_it_started():
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    outer = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags.SAMPLED)
+    with trace.use_span(NonRecordingSpan(outer)):
+        inside = emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR)
+    # Ended (and built) after the context was left: the parent is the one it started in.
+    inside.end(Outcome.HIT)
+    emitter.operation(Op.LOOKUP, hook=Hook.VLLM_CONNECTOR).end(Outcome.MISS)
+    emitter.flush()
+    child, root = capture.spans
+    assert child.parent == outer and child.context.trace_id == outer.trace_id
+    assert root.parent is None and root.context.trace_id not in (0, outer.trace_id)
+
+
+def test_an_open_operation_is_a_parent_and_its_context_is_its_spans():
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    above = emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR)
+    below = emitter.operation(Op.STORE, hook=Hook.LMCACHE_BACKEND, parent=above)
+    invalid = emitter.operation(Op.STORE, hook=Hook.LMCACHE_BACKEND, parent=trace.INVALID_SPAN_CONTEXT)
+    for op in (below, invalid, above):
+        op.end(Outcome.HIT)
+    emitter.flush()
+    child, orphan, parent = capture.spans
+    assert child.parent == parent.context == above.context
+    assert child.context.trace_id == parent.context.trace_id and child.context == below.context
+    # An invalid parent is none: a trace of its own, not trace id 0.
+    assert orphan.parent is None and orphan.context.is_valid
 
 
 def test_a_failing_exporter_is_counted_and_reported_as_telemetry(trace_dir: Path, capsys: pytest.CaptureFixture[str]):

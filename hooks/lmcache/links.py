@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
 
     from kvaudit.contract import Op, PageDescriptor
+    from kvaudit.emit.emitter import Operation
 
 # Links are per step; the bound only caps memory when the layer above never comes back
 # for one (a request aborted between its registration and LMCache's call).
@@ -71,7 +72,8 @@ class Link:
 
     Attributes:
         request_id: the request id LMCache's spans record (the layer above's own).
-        parent: the layer above's span: LMCache's spans for the request are its children.
+        parent: the layer above's operation (or its span's context): LMCache's spans for
+            the request are its children.
         on_pages: told the pages of each LMCache operation for the request, in key order:
             every requested chunk of a fetch, those LMCache did not get with `used=False`;
             every chunk of a store. Without the guard, as `LazyPages`. Called inside the
@@ -79,7 +81,7 @@ class Link:
     """
 
     request_id: str
-    parent: SpanContext
+    parent: SpanContext | Operation
     on_pages: Callable[[Sequence[PageDescriptor]], None]
 
 

@@ -243,7 +243,8 @@ def join(unit: Unit, operation: Operation) -> None:
     from kvaudit.hooks.lmcache.links import LINKS, Link
 
     op = Op.STORE if unit.is_store else Op.FETCH
-    LINKS.put(unit.plan.req_id, op, Link(unit.plan.request_id, operation.context, unit.ref.tell))
+    # The operation itself, not its span's context: that is made on the exporter thread.
+    LINKS.put(unit.plan.req_id, op, Link(unit.plan.request_id, operation, unit.ref.tell))
 
 
 class LMCacheFormat:

@@ -7,8 +7,8 @@
 
 The serving thread only records: `add_page` appends a descriptor, `add_pages` a function
 that describes pages later, and `end` queues the finished operation. The background
-exporter thread builds the SDK `ReadableSpan` and its page events, and turns the
-events into attributes as it encodes them: every object the serving thread does not
+exporter thread builds the SDK `ReadableSpan`, its context and its page events (and
+finds its parent), and turns the events into attributes as it encodes them: every object the serving thread does not
 make is time it does not spend between the engine's copies (bench/README.md, "Both
 hooks in the reference deployment"). Everything here fails open: an exception inside
 emission is counted (and reported in a `kvaudit.telemetry` span) and never reaches
@@ -28,7 +28,9 @@ from time import monotonic  # tests replace `time` here with a clock of their ow
 from types import TracebackType
 from typing import Any, Final
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -116,10 +118,12 @@ class Operation:
         "_at",
         "_attributes",
         "_backend",
+        "_context",
         "_emitter",
         "_end",
         "_ended",
         "_hook",
+        "_ids",
         "_later",
         "_op",
         "_outcome",
@@ -128,7 +132,6 @@ class Operation:
         "_request_id",
         "_start",
         "_tokens_requested",
-        "context",
     )
 
     def __init__(
@@ -140,7 +143,7 @@ class Operation:
         backend: str | None,
         tokens_requested: int | None,
         attributes: dict[str, Any] | None,
-        parent: SpanContext | None,
+        parent: SpanContext | Operation | Context | None,
         at_ns: int | None = None,
         start_ns: int | None = None,
     ) -> None:
@@ -149,9 +152,12 @@ class Operation:
         self._tokens_requested, self._attributes, self._parent = tokens_requested, attributes, parent
         self._pages: list[tuple[PageDescriptor, int]] | None = None
         self._later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]] | None = None
-        # The span's own context, known from the start: operations of a layer below
-        # (LMCache under vLLM) that run inside this one name it as their parent.
-        self.context: SpanContext = emitter._new_context(parent)
+        # The span's ids are drawn now, its SpanContext made when first read (`context`):
+        # by the exporter thread, unless an operation of a layer below names it as parent
+        # first. The trace id is the parent's, where the parent has a valid one.
+        bits = emitter._random.getrandbits
+        self._ids = (bits(128) or 1, bits(64) or 1)
+        self._context: SpanContext | None = None
         self._ended = False
         self._at = at_ns
         if start_ns is None:
@@ -161,6 +167,33 @@ class Operation:
         self._outcome: Outcome | None = None
         # tokens hit, stored and local, pages, bytes: set by `end`, which alone queues the operation.
         self._amounts: tuple[int | None, ...] = (None, None, None, None, None)
+
+    @property
+    def context(self) -> SpanContext:
+        """The span's own context: operations of a layer below (LMCache under vLLM) that
+        run inside this one name it, or this operation itself, as their parent.
+
+        Made once; two threads reading it first at once make equal ones (the ids were
+        drawn at the start and the parent does not change).
+        """
+        context = self._context
+        if context is None:
+            parent = self.parent_context
+            trace_id = parent.trace_id if parent is not None else self._ids[0]
+            context = SpanContext(trace_id, self._ids[1], is_remote=False, trace_flags=TraceFlags.SAMPLED)
+            self._context = context
+        return context
+
+    @property
+    def parent_context(self) -> SpanContext | None:
+        """The parent span's context, or None: a root span."""
+        parent = self._parent
+        if isinstance(parent, Operation):
+            return parent.context
+        if isinstance(parent, Context):
+            # The context the operation started in: its current span, if any, is the parent.
+            parent = trace.get_current_span(parent).get_span_context()
+        return parent if parent is not None and parent.is_valid else None
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
@@ -207,7 +240,7 @@ class Operation:
             self._emitter._count_error(exc)
 
     def build(self) -> ReadableSpan:
-        """The span (on the exporter thread); raises, after counting the error, when its pages cannot make one."""
+        """The span (on the exporter thread); raises, after counting the error, when it cannot be made."""
         emitter = self._emitter
         events = [PageEvent(page, time_ns) for page, time_ns in self._pages or ()]
         for describe, time_ns in self._later or ():
@@ -217,14 +250,15 @@ class Operation:
                 emitter._count_error(exc)
         try:
             attrs = self._attributes_of(events)
+            context, parent = self.context, self.parent_context
         except Exception as exc:
             emitter._count_error(exc)
             raise
         max_pages = emitter._max_pages
         return ReadableSpan(
             self._op.span_name,
-            context=self.context,
-            parent=self._parent,
+            context=context,
+            parent=parent,
             resource=emitter.resource,
             attributes=attrs,
             events=BoundedList.from_seq(max_pages, events) if len(events) > max_pages else events,
@@ -269,7 +303,8 @@ class _NoOperation(Operation):
     """What `operation()` returns when emission itself failed: accepts and ignores."""
 
     def __init__(self) -> None:
-        self.context = trace.INVALID_SPAN_CONTEXT
+        self._parent = None
+        self._context = trace.INVALID_SPAN_CONTEXT
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         pass
@@ -351,12 +386,15 @@ class Emitter:
         request_id: str | None = None,
         backend: str | None = None,
         tokens_requested: int | None = None,
-        parent: SpanContext | None = None,
+        parent: SpanContext | Operation | None = None,
         attributes: dict[str, Any] | None = None,
         at_ns: int | None = None,
         start_ns: int | None = None,
     ) -> Operation:
         """Start an operation; the current span (if any) becomes its parent unless `parent` is given.
+
+        `parent` may be an operation still open (a layer above's, on the same request):
+        its span's context is then made only when needed, on the exporter thread.
 
         `attributes` are further span attributes (names from the contract, e.g. the
         evict reason). `at_ns` stamps an operation reported after the fact (an
@@ -366,10 +404,19 @@ class Emitter:
         a simulator passes its clock, so that simulated time travels the real path.
         """
         try:
-            if parent is None:
-                current = trace.get_current_span().get_span_context()
-                parent = current if current.is_valid else None
-            return Operation(self, op, hook, request_id, backend, tokens_requested, attributes, parent, at_ns, start_ns)
+            # The current context is kept as it is: its span is looked up on the exporter thread.
+            return Operation(
+                self,
+                op,
+                hook,
+                request_id,
+                backend,
+                tokens_requested,
+                attributes,
+                otel_context.get_current() if parent is None else parent,
+                at_ns,
+                start_ns,
+            )
         except Exception as exc:
             self._count_error(exc)
             return _NoOperation()
@@ -411,11 +458,6 @@ class Emitter:
                 f"replica {self.replica!r} pid {os.getpid()}: {_loss_text(self.stats)} "
                 "(the kvaudit.telemetry span carrying these counts could not be exported)"
             )
-
-    def _new_context(self, parent: SpanContext | None) -> SpanContext:
-        """A new span's context: in its parent's trace, or in a trace of its own."""
-        trace_id = parent.trace_id if parent is not None else self._random.getrandbits(128) or 1
-        return SpanContext(trace_id, self._random.getrandbits(64) or 1, is_remote=False, trace_flags=TraceFlags.SAMPLED)
 
     def _count_error(self, exc: BaseException) -> None:
         if not self._errors:
