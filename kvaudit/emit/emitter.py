@@ -7,10 +7,10 @@
 
 The serving thread only records: `add_page` appends a descriptor, `add_pages` a function
 that describes pages later, and `end` queues the finished operation. The background
-exporter thread builds the SDK `ReadableSpan`, its context and its page events (and
-finds its parent), and turns the events into attributes as it encodes them: every object the serving thread does not
-make is time it does not spend between the engine's copies (bench/README.md, "Both
-hooks in the reference deployment"). Everything here fails open: an exception inside
+exporter thread finds the span's parent and builds its context, the SDK `ReadableSpan`
+and its page events, and turns the events into attributes as it encodes them: every
+object the serving thread does not make is time it does not spend between the engine's
+copies (bench/README.md, "Both hooks in the reference deployment"). Everything here fails open: an exception inside
 emission is counted (and reported in a `kvaudit.telemetry` span) and never reaches
 the caller.
 """
@@ -186,14 +186,21 @@ class Operation:
 
     @property
     def parent_context(self) -> SpanContext | None:
-        """The parent span's context, or None: a root span."""
+        """The parent span's context, or None: a root span.
+
+        Found once and kept in place of what was given (`context` and `build` both read
+        it); finding it again from what it was found to be gives the same.
+        """
         parent = self._parent
         if isinstance(parent, Operation):
-            return parent.context
-        if isinstance(parent, Context):
+            parent = parent.context
+        elif isinstance(parent, Context):
             # The context the operation started in: its current span, if any, is the parent.
             parent = trace.get_current_span(parent).get_span_context()
-        return parent if parent is not None and parent.is_valid else None
+        if parent is not None and not parent.is_valid:
+            parent = None
+        self._parent = parent
+        return parent
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         """Record the descriptor of one page this operation stored or fetched (at `time_ns`, default now)."""
