@@ -185,6 +185,27 @@ def test_guard_rejections_reach_the_scheduler(reports: dict[str, dict[str, Any]]
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
+    reports: dict[str, dict[str, Any]], release: str
+) -> None:
+    """A decode step (no plan) gets the wrapped connector's calls as any step does, with its
+    metadata, straight where the wrapper observes nothing (`clear_connector_metadata`), and
+    none of the step before: its rejected blocks were reported once, its span recorded once."""
+    steps = _report(reports, release)["steps"]
+    calls = [
+        "bind_connector_metadata",
+        "start_load_kv",
+        "wait_for_save",
+        "get_block_ids_with_load_errors",
+        "clear_connector_metadata",
+    ]
+    assert steps["planned"] == {"calls": calls, "bound_inner": [True], "reported": [3, 4, 901]}
+    assert steps["unplanned"] == {"calls": calls, "bound_inner": [True], "reported": [901]}
+    assert steps["spans"] == {"fetch": 1, "store": 0}
+    assert steps["clear_is_inner"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_wrapped_multiconnector_roles(reports: dict[str, dict[str, Any]], release: str) -> None:
     """Since 0.34 a MultiConnector's roles come from its children; vLLM reads them off the
     wrapper's configuration, so the wrapper says which kv_role makes them agree."""

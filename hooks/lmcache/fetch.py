@@ -83,15 +83,14 @@ def finish(
     tier, hash_algo, rate = tier_of(location), state.hash_algo, state.options.checksum_rate
     recorded = []
     used_pages = tokens_hit = 0
-    for key, obj in zip(keys, objs, strict=False):
-        token_range = state.range_of(key)
+    for key, obj, token_range in zip(keys, objs, state.ranges_of(keys), strict=False):
         if obj is None:
             recorded.append((key, None, token_range, False, None))
             continue
         # LMCache uses a prefix: nothing after the first object it did not get.
         used = used_pages == len(recorded)
         recorded.append(
-            (key, object_facts(obj), token_range, used, payload_checksum(obj) if sampled(key, rate) else None)
+            (key, object_facts(obj), token_range, used, payload_checksum(obj) if rate and sampled(key, rate) else None)
         )
         if used:
             used_pages += 1

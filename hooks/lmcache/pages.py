@@ -12,7 +12,9 @@ put there, so only the producer's store descriptor says which geometry computed 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
+
+import msgspec
 
 from kvaudit.contract import PageDescriptor, Tier, Transfer
 
@@ -60,9 +62,11 @@ def dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class ObjectFacts(NamedTuple):
+class ObjectFacts(msgspec.Struct, gc=False):
     """What a stored page's descriptor reads off its memory object, read while LMCache holds it
-    (an allocator may recycle the object, and its metadata, once the store is done)."""
+    (an allocator may recycle the object, and its metadata, once the store is done). A
+    struct, not a named tuple: made in C, with no Python frame (one a chunk, on the
+    serving thread)."""
 
     dtype: object
     shape: tuple[int, ...]

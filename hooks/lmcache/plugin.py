@@ -84,7 +84,8 @@ class KvauditStorePlugin(StoragePluginInterface):
         if state is None or not keys:
             return
         emitter = state.emitter(self.config, self.metadata)
-        last = state.range_of(keys[-1])
+        ranges = state.ranges_of(keys)
+        last = ranges[-1]
         engine_request_id = runtime.REQUEST_ID.get()
         link = LINKS.get(engine_request_id, Op.STORE)
         op = emitter.operation(
@@ -100,10 +101,9 @@ class KvauditStorePlugin(StoragePluginInterface):
             self._geometry = state.kv_config(self.config, self.metadata).geometry
         # Read now, while LMCache holds the objects; the descriptors are made later (LazyPages).
         recorded = []
-        for key, obj in zip(keys, objs, strict=False):
-            token_range = state.range_of(key)
+        for key, obj, token_range in zip(keys, objs, ranges, strict=False):
             recorded.append(
-                (key, object_facts(obj), token_range, payload_checksum(obj) if sampled(key, rate) else None)
+                (key, object_facts(obj), token_range, payload_checksum(obj) if rate and sampled(key, rate) else None)
             )
             if token_range is not None:
                 stored += token_range[1] - token_range[0]

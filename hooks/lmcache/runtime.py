@@ -20,6 +20,8 @@ from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks.lmcache.registry import StoreRegistry
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
@@ -117,6 +119,11 @@ class Runtime:
 
     def range_of(self, key: CacheEngineKey) -> tuple[int, int] | None:
         return self._ranges.get(key.chunk_hash)
+
+    def ranges_of(self, keys: Sequence[CacheEngineKey]) -> list[tuple[int, int] | None]:
+        """`range_of` each key, in one call (an operation's chunks, on the serving thread)."""
+        ranges = self._ranges
+        return [ranges.get(key.chunk_hash) for key in keys]
 
     def flush(self) -> None:
         if self._emitter is not None:

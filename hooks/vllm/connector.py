@@ -80,11 +80,13 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # Worker calls kvaudit observes nothing in and that are never given its metadata: at every
 # layer (tens a step on a large model), or once a step to collect the inner connector's
-# results. They are bound straight to the inner connector's own methods, no forwarder
+# results or to end the step (the step's state is reset where the next one binds its
+# metadata). They are bound straight to the inner connector's own methods, no forwarder
 # frame in between (docs/design.md section 5: what the serving thread pays).
 _STRAIGHT = (
     "wait_for_layer_load",
     "save_kv_layer",
+    "clear_connector_metadata",
     "get_finished",
     "get_transfer_results",
     "get_kv_connector_stats",
@@ -210,7 +212,9 @@ class KVAuditConnector(KVConnectorBase_V1):
     # ---- worker side ----
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> Any:
-        super().bind_connector_metadata(connector_metadata)
+        # The step's state starts here. The wrapper keeps no metadata of its own (vLLM's
+        # base class would): `has_connector_metadata` is the inner connector's, and
+        # `clear_connector_metadata` goes straight to it.
         self._stores_open = False
         if isinstance(connector_metadata, KVAuditMetadata):
             self._units = self._observed(self._format.units, connector_metadata.inner, connector_metadata.plans) or []
@@ -218,17 +222,15 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._units = []
         return self._inner.bind_connector_metadata(connector_metadata)
 
-    def clear_connector_metadata(self) -> Any:
-        super().clear_connector_metadata()
-        self._units = []
-        self._stores_open = False
-        return self._inner.clear_connector_metadata()
-
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> Any:
         self._kv_caches = kv_caches
         return self._inner.register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> Any:
+        if not self._units:
+            # No load or store to observe: a running request's decode steps, or a step
+            # that only collects finished requests.
+            return self._inner.start_load_kv(forward_context, **kwargs)
         loads = [unit for unit in self._units if not unit.is_store]
         if not loads:
             answer = self._inner.start_load_kv(forward_context, **kwargs)
@@ -313,6 +315,8 @@ class KVAuditConnector(KVConnectorBase_V1):
         fetch.end(outcome, tokens_hit=used_tokens)
 
     def wait_for_save(self) -> Any:
+        if not self._units:
+            return self._inner.wait_for_save()
         self._open_stores()
         try:
             answer = self._inner.wait_for_save()

@@ -92,6 +92,7 @@ def main(model_dir: str, work: Path, out: Path) -> None:
         "class_hooks": class_hooks(base, work),
         "plans": plans(base, work),
         "aggregator": aggregator(base, work),
+        "steps": steps(base, work),
         "roles": roles(base, work),
         "example_format": example_format(base, work),
         "kv_events": kv_events(),
@@ -438,6 +439,46 @@ def aggregator(base: VllmConfig, work: Path) -> dict[str, Any]:
         next_step = deferring.aggregate([output(KVConnectorOutput())])
         result["deferred_to_next_step"] = sorted(next_step.kv_connector_output.invalid_block_ids)
     return result
+
+
+def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
+    """Two engine steps as vLLM's model runner makes them: one loading a planned request
+    (the guard rejects its pages, see `aggregator`), then one with no plan (a decode step).
+
+    What the wrapped connector got at each step, what each step reported, and the spans
+    recorded: the second step must reach the wrapped connector as the first did and leave
+    nothing of the first behind.
+    """
+    wrapper = _wrapper(base, work, KVAuditConnector, KVConnectorRole.WORKER, {**RECORDING, "guard": True})
+    inner = wrapper._inner
+    plan = RequestPlan("stepped", "stepped", ["aa" * 32, "bb" * 32], [3, 4], load_tokens=2 * BLOCK)
+    observed: dict[str, Any] = {}
+    for step, plans in (("planned", [plan]), ("unplanned", [])):
+        inner.calls.clear()
+        metadata = Arg(f"{step} metadata")
+        wrapper.bind_connector_metadata(KVAuditMetadata(metadata, plans))
+        wrapper.start_load_kv(Arg(f"{step} forward context"))
+        wrapper.wait_for_save()
+        reported = wrapper.get_block_ids_with_load_errors()
+        wrapper.clear_connector_metadata()
+        observed[step] = {
+            "calls": [name for name, _, _ in inner.calls],
+            "bound_inner": [args[0] is metadata for name, args, _ in inner.calls if name == "bind_connector_metadata"],
+            "reported": sorted(reported),
+        }
+    # No wrapper frame between vLLM and the wrapped connector's (docs/design.md section 6.1).
+    observed["clear_is_inner"] = wrapper.clear_connector_metadata == inner.clear_connector_metadata
+    export = wrapper._settings.export
+    wrapper.shutdown()
+    names = [
+        span["name"]
+        for line in Path(export.removeprefix("file:")).read_text().splitlines()
+        for resource in json.loads(line)["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    observed["spans"] = {op: names.count(f"kvaudit.{op}") for op in ("fetch", "store")}
+    return observed
 
 
 class _Warnings(logging.Handler):
