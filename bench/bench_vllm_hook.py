@@ -118,8 +118,14 @@ class Driver:
         self.stand_in_s = InnerClock.overhead_s()
         for connector in (self.scheduler, self.worker):
             if hasattr(connector, "_inner"):
-                connector._inner = InnerClock(connector._inner)
-                self.clocks.append(connector._inner)
+                inner = connector._inner
+                clock = connector._inner = InnerClock(inner)
+                self.clocks.append(clock)
+                # Calls the wrapper binds straight to the inner connector's methods are
+                # the inner's time too: clocked like the rest.
+                for name, value in list(vars(connector).items()):
+                    if getattr(value, "__self__", None) is inner:
+                        setattr(connector, name, getattr(clock, name))
         blocks = REQUESTS * (pages + 1) + 1
         self.layers = {
             f"model.layers.{i}.self_attn.attn": SimpleNamespace(kv_cache=torch.randn(blocks, 2, BLOCK, 64).bfloat16())

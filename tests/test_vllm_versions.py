@@ -189,8 +189,9 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
     reports: dict[str, dict[str, Any]], release: str
 ) -> None:
     """A decode step (no plan) gets the wrapped connector's calls as any step does, with its
-    metadata, straight where the wrapper observes nothing (`clear_connector_metadata`), and
-    none of the step before: its rejected blocks were reported once, its span recorded once."""
+    metadata, and none of the step before: its rejected blocks were reported once, its span
+    recorded once. Where the wrapper observes nothing (the calls at every layer, the step's
+    end) vLLM calls the wrapped connector's method itself."""
     steps = _report(reports, release)["steps"]
     calls = [
         "bind_connector_metadata",
@@ -202,7 +203,12 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
     assert steps["planned"] == {"calls": calls, "bound_inner": [True], "reported": [3, 4, 901]}
     assert steps["unplanned"] == {"calls": calls, "bound_inner": [True], "reported": [901]}
     assert steps["spans"] == {"fetch": 1, "store": 0}
-    assert steps["clear_is_inner"]
+    assert steps["straight"] == [
+        "has_connector_metadata",
+        "wait_for_layer_load",
+        "save_kv_layer",
+        "clear_connector_metadata",
+    ]
 
 
 @pytest.mark.parametrize("release", RELEASES)

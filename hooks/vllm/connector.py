@@ -79,11 +79,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # Worker calls kvaudit observes nothing in and that are never given its metadata: at every
-# layer (tens a step on a large model), or once a step to collect the inner connector's
-# results or to end the step (the step's state is reset where the next one binds its
-# metadata). They are bound straight to the inner connector's own methods, no forwarder
-# frame in between (docs/design.md section 5: what the serving thread pays).
+# layer (tens a step on a large model; vLLM asks `has_connector_metadata` before each
+# layer's load and save), or once a step to collect the inner connector's results or to
+# end the step (the step's state is reset where the next one binds its metadata). They
+# are bound straight to the inner connector's own methods, no forwarder frame in between
+# (docs/design.md section 5: what the serving thread pays).
 _STRAIGHT = (
+    "has_connector_metadata",
     "wait_for_layer_load",
     "save_kv_layer",
     "clear_connector_metadata",

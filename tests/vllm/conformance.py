@@ -466,8 +466,13 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
             "bound_inner": [args[0] is metadata for name, args, _ in inner.calls if name == "bind_connector_metadata"],
             "reported": sorted(reported),
         }
-    # No wrapper frame between vLLM and the wrapped connector's (docs/design.md section 6.1).
-    observed["clear_is_inner"] = wrapper.clear_connector_metadata == inner.clear_connector_metadata
+    # Calls at every layer or step with no wrapper frame between vLLM and the wrapped
+    # connector's method (docs/design.md section 6.1).
+    observed["straight"] = [
+        name
+        for name in ("has_connector_metadata", "wait_for_layer_load", "save_kv_layer", "clear_connector_metadata")
+        if getattr(wrapper, name) == getattr(inner, name)
+    ]
     export = wrapper._settings.export
     wrapper.shutdown()
     names = [
