@@ -106,7 +106,7 @@ def _instance_forwarder(name: str, function: Callable[..., Any]) -> Callable[...
     @functools.wraps(function, updated=())
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args:
-            args = tuple(_inner_metadata(value) for value in args)
+            args = tuple(map(_inner_metadata, args))
         if kwargs:
             kwargs = {key: _inner_metadata(value) for key, value in kwargs.items()}
         return getattr(self._inner, name)(*args, **kwargs)
