@@ -18,8 +18,11 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   minus the wrapped connector's call inside them, clocked where the wrapped connector's
   method begins and ends, so that none of this probe's own bookkeeping (a few µs a call
   with the caches cold) counts as the vLLM layer's. A call bound straight to the wrapped
-  connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`) has no vLLM layer: nothing
-  of it is counted.
+  connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`, `has_connector_metadata` at
+  every layer among them) has no vLLM layer: nothing of it is counted. One forwarded
+  call is left uncounted, `handle_preemptions` (once a step; its forwarder costs about
+  3.5 µs cold beyond the wrapped connector's own, measured apart in bench/README.md): a
+  clock around it would cost as much.
 
 After each save (one per engine step) the worker writes the totals so far (and the
 count of engine steps), and those of its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM
