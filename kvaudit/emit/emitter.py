@@ -10,9 +10,9 @@ that describes pages later, and `end` queues the finished operation. The backgro
 exporter thread finds the span's parent and builds its context, the SDK `ReadableSpan`
 and its page events, and turns the events into attributes as it encodes them: every
 object the serving thread does not make is time it does not spend between the engine's
-copies (bench/README.md, "Both hooks in the reference deployment"). Everything here fails open: an exception inside
-emission is counted (and reported in a `kvaudit.telemetry` span) and never reaches
-the caller.
+copies (bench/README.md, "Both hooks in the reference deployment"). Everything here
+fails open: an exception inside emission is counted (and reported in a
+`kvaudit.telemetry` span) and never reaches the caller.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from kvaudit.hooks.vllm import delegation as kvaudit_delegation
 from kvaudit.hooks.vllm import register
 from kvaudit.hooks.vllm.connector import KVAuditConnector, KVAuditHMAConnector
 from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan
+from kvaudit.otlp.schema import HEAD_DECODER
 
 BLOCK = 32
 RECORDING = {"wrap": "RecordingConnector", "wrap_module_path": "recording_connector"}
@@ -476,11 +477,11 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
     export = wrapper._settings.export
     wrapper.shutdown()
     names = [
-        span["name"]
-        for line in Path(export.removeprefix("file:")).read_text().splitlines()
-        for resource in json.loads(line)["resourceSpans"]
-        for scope in resource["scopeSpans"]
-        for span in scope["spans"]
+        span.name
+        for line in Path(export.removeprefix("file:")).read_bytes().splitlines()
+        for resource in HEAD_DECODER.decode(line).resourceSpans
+        for scope in resource.scopeSpans
+        for span in scope.spans
     ]
     observed["spans"] = {op: names.count(f"kvaudit.{op}") for op in ("fetch", "store")}
     return observed
