@@ -7,7 +7,11 @@
 - export: descriptors per second encoded and written as OTLP JSON lines, by the
   exporter alone and end to end through the emitter's background thread;
 - cold: a span of 32 descriptors (a request's blocks) emitted right after a 32 MiB copy,
-  as a hook runs between an engine's transfers, against the same span in a hot loop.
+  as a hook runs between an engine's transfers, against the same span in a hot loop;
+- the serving thread's waits for the GIL while the exporter thread works: a loop that
+  emits at a replica's trace volume and waits with the GIL released between (as on a GPU
+  or in a torch operation), its time getting the GIL back with the exporter giving way
+  (`kvaudit.emit.give_way`) and not, against the same loop emitting nothing.
 
 Sizes: KVAUDIT_BENCH_SPANS (spans per run, default 2000), 128 pages per span.
 """
@@ -26,6 +30,7 @@ from bench.common import KV, PAGE_BYTES, best_of, env_int, machine, page, report
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
 from kvaudit.emit.emitter import Emitter, replica_resource, setup_emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
+from kvaudit.emit.give_way import GiveWay
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.simulator.model import CostModel
 
@@ -154,6 +159,58 @@ def _cold(spans: int) -> tuple[float, float]:
     return hot, cold
 
 
+# A replica's trace volume (docs/design.md section 5: about 1,300 descriptors a second),
+# as requests of a 10 ms engine step: one span naming 13 pages and two with none; each
+# step waits with the GIL released WAITS times (GPU kernels, torch operations), with a
+# little Python after each.
+STEP_WAITS, WAIT_S = 20, 0.0005
+STEP_PAGES = 13
+
+
+def _serving_waits(seconds: float, emit: bool, give_way: bool) -> tuple[float, float, float, int]:
+    """Of a serving-like loop: µs a step spends getting the GIL back after its waits (beyond
+    the waits themselves), the 99.9th percentile and the longest of those, and the steps run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        exporter = OTLPJsonFileExporter(Path(tmp) / "waits.jsonl")
+        # Without giving way: the worker never pauses, and batches are as long as they were.
+        batcher = (
+            SpanBatcher(exporter)
+            if give_way
+            else SpanBatcher(exporter, max_batch_events=16384, give_way=GiveWay(slice_s=float("inf")))
+        )
+        emitter = Emitter(replica_resource("r1", kv=KV), batcher)
+        pages = [page(i) for i in range(STEP_PAGES)]
+        lates: list[float] = []
+        steps = 0
+        stop = time.perf_counter() + seconds
+        while time.perf_counter() < stop:
+            if emit:
+                for n in range(3):
+                    op = emitter.operation(Op.FETCH, hook=Hook.SIMULATOR, request_id=f"q{steps}", tokens_requested=1024)
+                    for p in pages if n == 0 else ():
+                        op.add_page(p)
+                    op.end(Outcome.HIT, tokens_hit=1024)
+            for _ in range(STEP_WAITS):
+                started = time.perf_counter()
+                time.sleep(WAIT_S)
+                lates.append(time.perf_counter() - started - WAIT_S)
+                sum(range(50))
+            steps += 1
+        emitter.shutdown()
+    lates.sort()
+    return 1e6 * sum(lates) / steps, 1e6 * lates[int(0.999 * (len(lates) - 1))], 1e6 * lates[-1], steps
+
+
+def _gil_waits(seconds: float) -> dict[str, tuple[float, float, float, int]]:
+    """`_serving_waits` of the three loops, alternating twice; each one's least disturbed run."""
+    runs: dict[str, list[tuple[float, float, float, int]]] = {"none": [], "on": [], "off": []}
+    for _ in range(2):
+        runs["none"].append(_serving_waits(seconds, emit=False, give_way=True))
+        runs["off"].append(_serving_waits(seconds, emit=True, give_way=False))
+        runs["on"].append(_serving_waits(seconds, emit=True, give_way=True))
+    return {name: min(results) for name, results in runs.items()}
+
+
 def main() -> None:
     print(machine())
     spans = env_int("KVAUDIT_BENCH_SPANS", 2000)
@@ -165,6 +222,7 @@ def main() -> None:
     transfer_us = 1e6 * CostModel().transfer_s(PAGE_BYTES)
     alone, end_to_end = _export(max(spans // 4, 10))
     hot_us, cold_us = _cold(max(spans // 10, 10))
+    waits = _gil_waits(env_int("KVAUDIT_BENCH_WAIT_SECONDS", 10))
     print(
         f"{spans} spans of {PAGES_PER_SPAN} page descriptors, best of {REPEATS}; 27B page: {PAGE_BYTES / 2**20:.0f} MiB"
     )
@@ -200,5 +258,23 @@ def main() -> None:
             ),
             ("export, descriptors/s (exporter alone)", f"{alone:,.0f}", "", "", ""),
             ("export, descriptors/s (emitter + thread + file)", f"{end_to_end:,.0f}", "", "", ""),
+        ]
+    )
+    none, on, off = waits["none"], waits["on"], waits["off"]
+    print(
+        f"The serving thread's waits for the GIL, {STEP_WAITS} waits of {WAIT_S * 1e6:.0f} µs a 10 ms step, "
+        f"{STEP_PAGES} descriptors a step (about {on[3]} steps a run), least disturbed of two runs:"
+    )
+    report(
+        [
+            (
+                "µs a step getting the GIL back, beyond emitting nothing",
+                f"{on[0] - none[0]:.0f} (giving way)",
+                f"{off[0] - none[0]:.0f} (not)",
+                f"{(off[0] - none[0]) / max(on[0] - none[0], 1.0):.1f}× less",
+                "",
+            ),
+            ("99.9th percentile wait, µs", f"{on[1]:.0f}", f"{off[1]:.0f}", f"emitting nothing: {none[1]:.0f}", ""),
+            ("longest wait, µs", f"{on[2]:.0f}", f"{off[2]:.0f}", f"emitting nothing: {none[2]:.0f}", ""),
         ]
     )

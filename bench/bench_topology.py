@@ -15,8 +15,9 @@ step. Clocks inside each worker (bench/topology_probe.py) measure, in the
 same run, the engine's store and fetch (wall time of LMCache with its copy, pool transfer
 and lookup release, the hooks taken off) and the CPU time of the LMCache hook's own work
 and of the vLLM layer's own work, after a warm-up request (the first step holds one-time
-costs, such as the LMCache hook making its emitter). The background exporter runs off
-the serving thread and is not counted.
+costs, such as the LMCache hook making its emitter). The exporter threads, which build,
+encode and write the spans off the serving thread, are reported apart: CPU that serving
+does not wait for, except where it waits for the GIL (docs/design.md section 2).
 
     python -m bench topology
 """
@@ -180,6 +181,7 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
     vllm_layer = seconds["vllm_layer"]
     lmcache_hook = seconds["lmcache_hook"]
     hooks = vllm_layer + lmcache_hook
+    exporters = seconds["exporters"]
     steps = figures["calls"]["steps"] - figures["first_step_calls"].get("steps", 0)
     us = 1e6
     print(
@@ -188,7 +190,7 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
         f"hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
         f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f}, "
         f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
-        "(goal < 1%)"
+        f"(goal < 1%); exporter threads {exporters / REQUESTS * us:6.1f} us/request, off the serving thread"
     )
 
 

@@ -24,11 +24,18 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   3.5 µs cold beyond the wrapped connector's own, measured apart in bench/README.md): a
   clock around it would cost as much.
 
+Off the serving thread, the CPU time of the process's exporter threads
+(`kvaudit-exporter`, one per emitter: the vLLM layer's on each side, the LMCache hook's),
+which build, encode and write the spans, is read from each thread's own clock.
+
 After each save (one per engine step) the worker writes the totals so far (and the
 count of engine steps), and those of its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM
-may end a worker without a `shutdown`), inside the wrapped connector's window. The first
-step's totals hold the one-time costs (the LMCache hook makes its emitter at its first
-operation), which the benchmark takes off with a warm-up request.
+may end a worker without a `shutdown`), inside the wrapped connector's window; from the
+second step on, a thread of the probe's writes them again every quarter second, for the
+exporters' time after the last step. The first step's totals hold the one-time costs
+(the LMCache hook makes its emitter at its first operation), which the benchmark takes
+off with a warm-up request; when the second step begins, every exporter is flushed, so
+that the warm-up's spans are exported before the measured requests.
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.hooks.lmcache import fetch
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin
 from kvaudit.hooks.vllm.connector import KVAuditConnector
@@ -147,8 +156,11 @@ class ProbedLMCacheConnector(CPULMCacheConnectorV1):
         _INNER.append(time.thread_time())
         if CALLS["engine_store"] and not FIRST_STEP:
             # A step starts after the first one: every clock of that step has stopped.
+            _flush_exporters()
+            SECONDS["exporters"] = _exporters_cpu()
             FIRST_STEP.update(SECONDS)
             FIRST_STEP_CALLS.update(CALLS)
+            threading.Thread(target=_sample_exporters, name="kvaudit-probe", daemon=True).start()
         CALLS["steps"] += 1
         super().bind_connector_metadata(connector_metadata)
         _INNER.append(time.thread_time())
@@ -176,14 +188,51 @@ class ProbedLMCacheConnector(CPULMCacheConnectorV1):
         _INNER.append(time.thread_time())
 
 
+_WRITING = threading.Lock()
+
+
 def _write() -> None:
     out = os.environ.get("KVAUDIT_PROBE_OUT")
     if out:
-        with open(out, "w") as file:
+        with _WRITING, open(out, "w") as file:
             json.dump(
                 {"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS, "first_step_calls": FIRST_STEP_CALLS},
                 file,
             )
+
+
+def _exporter_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "kvaudit-exporter"]
+
+
+# The last CPU seconds read of each exporter thread: a thread that has ended (its emitter
+# shut down with the engine) keeps what it took.
+_EXPORTERS: dict[int, float] = {}
+
+
+def _exporters_cpu() -> float:
+    """CPU seconds the process's exporter threads have taken so far."""
+    for thread in _exporter_threads():
+        try:
+            _EXPORTERS[thread.ident or 0] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident or 0))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sum(_EXPORTERS.values())
+
+
+def _flush_exporters() -> None:
+    """Export what every emitter of the process has queued (each exporter thread runs its batcher's loop)."""
+    for thread in _exporter_threads():
+        batcher = getattr(getattr(thread, "_target", None), "__self__", None)
+        if isinstance(batcher, SpanBatcher):
+            batcher.flush()
+
+
+def _sample_exporters() -> None:
+    while True:
+        time.sleep(0.25)
+        SECONDS["exporters"] = _exporters_cpu()
+        _write()
 
 
 for _name in _COLLECT:

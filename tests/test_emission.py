@@ -138,6 +138,25 @@ def test_lines_equal_the_official_otlp_encoder():
     assert ours == official
 
 
+@pytest.mark.parametrize("kept", [8192, 3])  # 3: dropped whole at nearly every span
+def test_attributes_encoded_once_are_told_apart_by_type_and_still_equal_the_official_encoder(
+    monkeypatch: pytest.MonkeyPatch, kept: int
+):
+    from kvaudit.otlp import encode
+
+    monkeypatch.setattr(encode, "_SEEN", {})
+    monkeypatch.setattr(encode, "_SEEN_MAX", kept)
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    # Equal as Python values and as keys of a dict, not as attributes: an int, a bool, a float.
+    for value in (1, True, 1.0, 1, [1, 2], (1, 2), "1", True):
+        emitter.operation(Op.STORE, hook=Hook.LMCACHE_ENGINE, attributes={"kvaudit.x": value}).end()
+    emitter.flush()
+    ours = line_to_traces_data(spans_to_line(capture.spans))
+    official = TracesData(resource_spans=encode_spans(capture.spans).resource_spans)
+    assert ours == official
+
+
 def test_exceptions_inside_emission_never_reach_the_caller(caplog: pytest.LogCaptureFixture):
     capture = Capture()
     emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))

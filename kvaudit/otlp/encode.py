@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -31,11 +31,16 @@ _KIND = {kind: kind.value + 1 for kind in SpanKind}
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
 
-def spans_to_line(spans: Sequence[ReadableSpan]) -> bytes:
-    """One OTLP JSON line (with its newline) holding `spans`, grouped by resource and scope."""
+def spans_to_line(spans: Sequence[ReadableSpan], each: Callable[[], None] | None = None) -> bytearray:
+    """One OTLP JSON line (with its newline) holding `spans`, grouped by resource and scope.
+
+    Spans are encoded one at a time (`_Pieces`); `each` is called after each one (the
+    exporter thread gives way there, `kvaudit.emit.give_way`).
+    """
     grouped: dict[Any, dict[Any, list[ReadableSpan]]] = defaultdict(lambda: defaultdict(list))
     for span in spans:
         grouped[span.resource][span.instrumentation_scope].append(span)
+    pieces = _Pieces(each)
     data = s.TracesData(
         [
             s.ResourceSpans(
@@ -43,7 +48,7 @@ def spans_to_line(spans: Sequence[ReadableSpan]) -> bytes:
                 scopeSpans=[
                     s.ScopeSpans(
                         scope=s.Scope(scope.name, scope.version or "") if scope is not None else None,
-                        spans=[_span(span) for span in scope_spans],
+                        spans=[pieces.encode(_span(span)) for span in scope_spans],
                         schemaUrl=(scope.schema_url or "") if scope is not None else "",
                     )
                     for scope, scope_spans in by_scope.items()
@@ -53,7 +58,32 @@ def spans_to_line(spans: Sequence[ReadableSpan]) -> bytes:
             for resource, by_scope in grouped.items()
         ]
     )
-    return s.ENCODER.encode(data) + b"\n"
+    return pieces.line(data)
+
+
+class _Pieces:
+    """A line's spans, each encoded as soon as it is built, then framed in one buffer.
+
+    Only one span's objects are alive at a time, and the line is written into a buffer
+    sized for it, with no growing by doubling: framing a line is one copy of its spans.
+    """
+
+    def __init__(self, each: Callable[[], None] | None = None) -> None:
+        self._each = each
+        self._size = 0
+
+    def encode(self, span: s.Span) -> msgspec.Raw:
+        raw = msgspec.Raw(s.ENCODER.encode(span))
+        self._size += len(raw)
+        if self._each is not None:
+            self._each()
+        return raw
+
+    def line(self, data: s.TracesData) -> bytearray:
+        line = bytearray(self._size + 4096)  # the spans and what frames them
+        s.ENCODER.encode_into(data, line)
+        line += b"\n"
+        return line
 
 
 def _span(span: ReadableSpan) -> s.Span:
@@ -100,10 +130,32 @@ def _flags(parent: Any) -> int:
     return 0x300 if parent is not None and parent.is_remote else 0x100
 
 
+# Attributes already encoded, by name, type and value (1, True and 1.0 are equal keys
+# otherwise). A page's dtype, layout, model, shape, tier and most of the rest repeat
+# from page to page: each is made once, not once a page. Dropped whole when full.
+_SEEN: dict[tuple[str, type, Any], s.KeyValue] = {}
+_SEEN_MAX = 8192
+
+
 def _attributes(attributes: Mapping[str, Any] | None) -> list[s.KeyValue]:
     if not attributes:
         return []
-    return [s.KeyValue(key, _value(value)) for key, value in attributes.items()]
+    seen = _SEEN
+    encoded = []
+    for key, value in attributes.items():
+        name = (key, type(value), value)
+        try:
+            attribute = seen.get(name)
+        except TypeError:  # an unhashable value (a list, a mapping)
+            encoded.append(s.KeyValue(key, _value(value)))
+            continue
+        if attribute is None:
+            attribute = s.KeyValue(key, _value(value))
+            if len(seen) >= _SEEN_MAX:
+                seen.clear()
+            seen[name] = attribute
+        encoded.append(attribute)
+    return encoded
 
 
 def _value(value: Any) -> s.AnyValue:
@@ -140,18 +192,11 @@ def proto_to_line(message: trace_pb2.TracesData) -> bytes:
 def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) -> bytearray:
     """One OTLP JSON line holding these `ResourceSpans` (a receiver's group of one replica).
 
-    Each span is encoded as soon as it is built, so only one span's objects are alive
-    at a time, and the line is written into one buffer sized for it: the receiver's peak
-    memory per request stays near what its memory budget assumes (bench/bench_receive.py).
+    Spans are encoded one at a time into a buffer sized for the line (`_Pieces`): the
+    receiver's peak memory per request stays near what its memory budget assumes
+    (bench/bench_receive.py).
     """
-    encoded = 0
-
-    def span(pb_span: trace_pb2.Span) -> msgspec.Raw:
-        nonlocal encoded
-        raw = msgspec.Raw(s.ENCODER.encode(_pb_span(pb_span)))
-        encoded += len(raw)
-        return raw
-
+    pieces = _Pieces()
     data = s.TracesData(
         [
             s.ResourceSpans(
@@ -159,7 +204,7 @@ def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) ->
                 scopeSpans=[
                     s.ScopeSpans(
                         scope=s.Scope(ss.scope.name, ss.scope.version, _pb_attributes(ss.scope.attributes)),
-                        spans=[span(pb_span) for pb_span in ss.spans],
+                        spans=[pieces.encode(_pb_span(pb_span)) for pb_span in ss.spans],
                         schemaUrl=ss.schema_url,
                     )
                     for ss in rs.scope_spans
@@ -169,10 +214,7 @@ def resource_spans_to_line(resource_spans: Iterable[trace_pb2.ResourceSpans]) ->
             for rs in resource_spans
         ]
     )
-    line = bytearray(encoded + 4096)  # the spans and what frames them: no growing by doubling
-    s.ENCODER.encode_into(data, line)
-    line += b"\n"
-    return line
+    return pieces.line(data)
 
 
 def _pb_span(span: trace_pb2.Span) -> s.Span:
