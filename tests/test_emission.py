@@ -149,12 +149,16 @@ def test_attributes_encoded_once_are_told_apart_by_type_and_still_equal_the_offi
     capture = Capture()
     emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
     # Equal as Python values and as keys of a dict, not as attributes: an int, a bool, a float.
-    for value in (1, True, 1.0, 1, [1, 2], (1, 2), "1", True):
+    # Lists and mappings cannot be kept, nor long strings and tuples (a key is a page's own).
+    for value in (1, True, 1.0, 1, [1, 2], (1, 2), "1", True, "k" * 64, "k" * 64, tuple(range(64)), ([1],)):
         emitter.operation(Op.STORE, hook=Hook.LMCACHE_ENGINE, attributes={"kvaudit.x": value}).end()
     emitter.flush()
     ours = line_to_traces_data(spans_to_line(capture.spans))
     official = TracesData(resource_spans=encode_spans(capture.spans).resource_spans)
     assert ours == official
+    values = [value for name, _, value in encode._SEEN if name == "kvaudit.x"]
+    assert all(not isinstance(value, str | tuple) or len(value) <= 48 for value in values)
+    assert values or kept == 3
 
 
 def test_exceptions_inside_emission_never_reach_the_caller(caplog: pytest.LogCaptureFixture):

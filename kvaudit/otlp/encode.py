@@ -132,9 +132,13 @@ def _flags(parent: Any) -> int:
 
 # Attributes already encoded, by name, type and value (1, True and 1.0 are equal keys
 # otherwise). A page's dtype, layout, model, shape, tier and most of the rest repeat
-# from page to page: each is made once, not once a page. Dropped whole when full.
+# from page to page: each is made once, not once a page. Dropped whole when full; long
+# strings and tuples are never kept (a page's key is its own, and whatever an engine
+# sends stays out of memory once encoded).
 _SEEN: dict[tuple[str, type, Any], s.KeyValue] = {}
 _SEEN_MAX = 8192
+_SEEN_LONGEST = 48
+_SIZED = frozenset({str, bytes, tuple})
 
 
 def _attributes(attributes: Mapping[str, Any] | None) -> list[s.KeyValue]:
@@ -143,17 +147,21 @@ def _attributes(attributes: Mapping[str, Any] | None) -> list[s.KeyValue]:
     seen = _SEEN
     encoded = []
     for key, value in attributes.items():
-        name = (key, type(value), value)
-        try:
-            attribute = seen.get(name)
-        except TypeError:  # an unhashable value (a list, a mapping)
-            encoded.append(s.KeyValue(key, _value(value)))
-            continue
+        kind = type(value)
+        name = (key, kind, value)
+        kept = not (kind in _SIZED and len(value) > _SEEN_LONGEST)
+        attribute = None
+        if kept:
+            try:
+                attribute = seen.get(name)
+            except TypeError:  # an unhashable value (a list, a mapping, a tuple of them)
+                kept = False
         if attribute is None:
             attribute = s.KeyValue(key, _value(value))
-            if len(seen) >= _SEEN_MAX:
-                seen.clear()
-            seen[name] = attribute
+            if kept:
+                if len(seen) >= _SEEN_MAX:
+                    seen.clear()
+                seen[name] = attribute
         encoded.append(attribute)
     return encoded
 
