@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from bench.common import KV, PAGE_BYTES, best_of, env_int, machine, page, report
+from bench.common import KV, PAGE_BYTES, Receiver, best_of, env_int, free_port, machine, page, report
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
 from kvaudit.emit.emitter import Emitter, replica_resource, setup_emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
@@ -165,49 +167,62 @@ def _cold(spans: int) -> tuple[float, float]:
 # little Python after each.
 STEP_WAITS, WAIT_S = 20, 0.0005
 STEP_PAGES = 13
+Waits = tuple[float, float, float, int]
 
 
-def _serving_waits(seconds: float, emit: bool, give_way: bool) -> tuple[float, float, float, int]:
+def _serving_waits(seconds: float, exporter: SpanExporter, emit: bool, give_way: bool) -> Waits:
     """Of a serving-like loop: µs a step spends getting the GIL back after its waits (beyond
     the waits themselves), the 99.9th percentile and the longest of those, and the steps run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        exporter = OTLPJsonFileExporter(Path(tmp) / "waits.jsonl")
-        # Without giving way: the worker never pauses, and batches are as long as they were.
-        batcher = (
-            SpanBatcher(exporter)
-            if give_way
-            else SpanBatcher(exporter, max_batch_events=16384, give_way=GiveWay(slice_s=float("inf")))
-        )
-        emitter = Emitter(replica_resource("r1", kv=KV), batcher)
-        pages = [page(i) for i in range(STEP_PAGES)]
-        lates: list[float] = []
-        steps = 0
-        stop = time.perf_counter() + seconds
-        while time.perf_counter() < stop:
-            if emit:
-                for n in range(3):
-                    op = emitter.operation(Op.FETCH, hook=Hook.SIMULATOR, request_id=f"q{steps}", tokens_requested=1024)
-                    for p in pages if n == 0 else ():
-                        op.add_page(p)
-                    op.end(Outcome.HIT, tokens_hit=1024)
-            for _ in range(STEP_WAITS):
-                started = time.perf_counter()
-                time.sleep(WAIT_S)
-                lates.append(time.perf_counter() - started - WAIT_S)
-                sum(range(50))
-            steps += 1
-        emitter.shutdown()
+    # Without giving way: the worker never pauses, and batches are as long as they were.
+    batcher = (
+        SpanBatcher(exporter)
+        if give_way
+        else SpanBatcher(exporter, max_batch_events=16384, give_way=GiveWay(slice_s=float("inf")))
+    )
+    emitter = Emitter(replica_resource("r1", kv=KV), batcher)
+    pages = [page(i) for i in range(STEP_PAGES)]
+    lates: list[float] = []
+    steps = 0
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        if emit:
+            for n in range(3):
+                op = emitter.operation(Op.FETCH, hook=Hook.SIMULATOR, request_id=f"q{steps}", tokens_requested=1024)
+                for p in pages if n == 0 else ():
+                    op.add_page(p)
+                op.end(Outcome.HIT, tokens_hit=1024)
+        for _ in range(STEP_WAITS):
+            started = time.perf_counter()
+            time.sleep(WAIT_S)
+            lates.append(time.perf_counter() - started - WAIT_S)
+            sum(range(50))
+        steps += 1
+    emitter.shutdown()
     lates.sort()
     return 1e6 * sum(lates) / steps, 1e6 * lates[int(0.999 * (len(lates) - 1))], 1e6 * lates[-1], steps
 
 
-def _gil_waits(seconds: float) -> dict[str, tuple[float, float, float, int]]:
-    """`_serving_waits` of the three loops, alternating twice; each one's least disturbed run."""
-    runs: dict[str, list[tuple[float, float, float, int]]] = {"none": [], "on": [], "off": []}
-    for _ in range(2):
-        runs["none"].append(_serving_waits(seconds, emit=False, give_way=True))
-        runs["off"].append(_serving_waits(seconds, emit=True, give_way=False))
-        runs["on"].append(_serving_waits(seconds, emit=True, give_way=True))
+def _gil_waits(seconds: float) -> dict[str, Waits]:
+    """`_serving_waits` of the loops, alternating twice; each one's least disturbed run.
+
+    The exporter writes a trace file (`file`), or sends OTLP/HTTP with the official
+    exporter to `kvaudit collect` in a process of its own (`otlp`).
+    """
+    runs: dict[str, list[Waits]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        receiver = Receiver(Path(tmp) / "received", free_port(), "--no-fsync")
+        endpoint = f"http://127.0.0.1:{receiver.port}/v1/traces"
+        try:
+            for _ in range(2):
+                runs["none"].append(_serving_waits(seconds, _Keep(), emit=False, give_way=True))
+                for give_way in (False, True):
+                    on = "on" if give_way else "off"
+                    file = OTLPJsonFileExporter(Path(tmp) / f"waits-{on}.jsonl")
+                    runs[f"file {on}"].append(_serving_waits(seconds, file, emit=True, give_way=give_way))
+                    otlp = OTLPSpanExporter(endpoint=endpoint)
+                    runs[f"otlp {on}"].append(_serving_waits(seconds, otlp, emit=True, give_way=give_way))
+        finally:
+            receiver.stop()
     return {name: min(results) for name, results in runs.items()}
 
 
@@ -260,21 +275,30 @@ def main() -> None:
             ("export, descriptors/s (emitter + thread + file)", f"{end_to_end:,.0f}", "", "", ""),
         ]
     )
-    none, on, off = waits["none"], waits["on"], waits["off"]
+    none = waits["none"]
     print(
         f"The serving thread's waits for the GIL, {STEP_WAITS} waits of {WAIT_S * 1e6:.0f} µs a 10 ms step, "
-        f"{STEP_PAGES} descriptors a step (about {on[3]} steps a run), least disturbed of two runs:"
+        f"{STEP_PAGES} descriptors a step (about {none[3]} steps a run), least disturbed of two runs; "
+        f"emitting nothing: 99.9th percentile {none[1]:.0f} µs, longest {none[2]:.0f} µs:"
     )
-    report(
-        [
+    rows = []
+    for export in ("file", "otlp"):
+        on, off = waits[f"{export} on"], waits[f"{export} off"]
+        rows += [
             (
-                "µs a step getting the GIL back, beyond emitting nothing",
+                f"{export}: µs a step getting the GIL back, beyond emitting nothing",
                 f"{on[0] - none[0]:.0f} (giving way)",
                 f"{off[0] - none[0]:.0f} (not)",
-                f"{(off[0] - none[0]) / max(on[0] - none[0], 1.0):.1f}× less",
+                "",
                 "",
             ),
-            ("99.9th percentile wait, µs", f"{on[1]:.0f}", f"{off[1]:.0f}", f"emitting nothing: {none[1]:.0f}", ""),
-            ("longest wait, µs", f"{on[2]:.0f}", f"{off[2]:.0f}", f"emitting nothing: {none[2]:.0f}", ""),
+            (
+                f"{export}: 99.9th percentile wait, µs",
+                f"{on[1]:.0f}",
+                f"{off[1]:.0f}",
+                f"{off[1] / on[1]:.1f}× less",
+                "",
+            ),
+            (f"{export}: longest wait, µs", f"{on[2]:.0f}", f"{off[2]:.0f}", f"{off[2] / on[2]:.1f}× less", ""),
         ]
-    )
+    report(rows)

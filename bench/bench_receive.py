@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import gzip
 import http.client
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bench.common import KV, env_int, machine, page, report
+from bench.common import KV, Receiver, env_int, free_port, machine, page, report
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.line_file import LineFile
@@ -64,33 +62,6 @@ def _spans(replica: str, count: int, pages: int) -> list[ReadableSpan]:
     return [span for span in keep.get_finished_spans() if span.name != "kvaudit.telemetry"]
 
 
-class _Receiver:
-    """`kvaudit collect` in its own process, as an operator starts it."""
-
-    def __init__(self, out: Path, port: int, *flags: str) -> None:
-        command = [sys.executable, "-m", "kvaudit", "collect", "--out", str(out), f"127.0.0.1:{port}", *flags]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.process.stdout is not None
-        self.process.stdout.readline()  # "listening on ..."
-        self.port = port
-
-    def peak_rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=60)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _run_clients(count: int, seconds: float, send: Callable[[int], int]) -> float:
     """Spans/s acknowledged by `count` threads, each calling `send(client)` (spans acknowledged) until time is up."""
     done = [0] * count
@@ -112,7 +83,7 @@ def _run_clients(count: int, seconds: float, send: Callable[[int], int]) -> floa
 def _throughput(tmp: Path, seconds: float) -> tuple[float, float, float]:
     spans = _spans("r1", SPANS_PER_REQUEST, PAGES_PER_SPAN)
     body = encode_spans(spans).SerializeToString()
-    receiver = _Receiver(tmp / "pre", _free_port())
+    receiver = Receiver(tmp / "pre", free_port())
     connections = [http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=60) for _ in range(CLIENTS)]
 
     def pre_serialised(index: int) -> int:
@@ -124,7 +95,7 @@ def _throughput(tmp: Path, seconds: float) -> tuple[float, float, float]:
 
     pre = _run_clients(CLIENTS, seconds, pre_serialised)
     receiver.stop()
-    receiver = _Receiver(tmp / "official", _free_port())
+    receiver = Receiver(tmp / "official", free_port())
     exporters = [OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/traces") for _ in range(CLIENTS)]
 
     def official(index: int) -> int:
@@ -182,8 +153,8 @@ def _gzip_peak(tmp: Path, body_mib: int, rounds: int, memory_limit_mib: int) -> 
     one = len(encode_spans(spans).SerializeToString())
     payload = encode_spans(spans * max(1, body_mib * 2**20 // one)).SerializeToString()
     body = gzip.compress(payload)
-    receiver = _Receiver(
-        tmp / f"gzip-{memory_limit_mib}", _free_port(), "--memory-limit-mib", str(memory_limit_mib), "--no-fsync"
+    receiver = Receiver(
+        tmp / f"gzip-{memory_limit_mib}", free_port(), "--memory-limit-mib", str(memory_limit_mib), "--no-fsync"
     )
     idle = receiver.peak_rss_mib()
     refused = [0]

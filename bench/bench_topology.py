@@ -36,7 +36,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine
+from bench.common import free_port, machine
 
 REQUESTS = 8
 PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
@@ -155,12 +155,6 @@ def _run(name: str, spec: dict[str, Any], root: Path) -> dict[str, Any]:
     return figures
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _wait_listening(port: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -214,7 +208,7 @@ def _measure(label: str, layers: int, together: bool) -> None:
         root = Path(tmp)
         (root / "model").mkdir()
         (root / "model" / "config.json").write_text(json.dumps({**MODEL, "num_hidden_layers": layers}))
-        port = _free_port()
+        port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
             env={**os.environ, **ENV},

@@ -1,10 +1,15 @@
-"""What the benchmarks share: a realistic 27B page descriptor, a timer, a results table."""
+"""What the benchmarks share: a realistic 27B page descriptor, a timer, a results table, a receiver."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kvaudit.contract import KVConfig, PageDescriptor, Tier
 from kvaudit.present.rows import write_rows
@@ -63,3 +68,30 @@ def machine() -> str:
 
 def report(rows: Sequence[Sequence[object]]) -> None:
     write_rows(["measure", "kvaudit", "baseline", "ratio", "goal"], rows)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Receiver:
+    """`kvaudit collect` in its own process, as an operator starts it."""
+
+    def __init__(self, out: Path, port: int, *flags: str) -> None:
+        command = [sys.executable, "-m", "kvaudit", "collect", "--out", str(out), f"127.0.0.1:{port}", *flags]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.process.stdout is not None
+        self.process.stdout.readline()  # "listening on ..."
+        self.port = port
+
+    def peak_rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
