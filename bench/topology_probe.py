@@ -194,11 +194,11 @@ _WRITING = threading.Lock()
 def _write() -> None:
     out = os.environ.get("KVAUDIT_PROBE_OUT")
     if out:
+        # Copies (each made in one step under the GIL): the serving thread may add a clock
+        # while the probe's thread writes.
+        totals = {"seconds": dict(SECONDS), "first_step": FIRST_STEP, "calls": dict(CALLS)}
         with _WRITING, open(out, "w") as file:
-            json.dump(
-                {"seconds": SECONDS, "first_step": FIRST_STEP, "calls": CALLS, "first_step_calls": FIRST_STEP_CALLS},
-                file,
-            )
+            json.dump({**totals, "first_step_calls": FIRST_STEP_CALLS}, file)
 
 
 def _exporter_threads() -> list[threading.Thread]:
