@@ -163,7 +163,7 @@ def _cold(spans: int) -> tuple[float, float]:
 
 # A replica's trace volume (docs/design.md section 5: about 1,300 descriptors a second),
 # as requests of a 10 ms engine step: one span naming 13 pages and two with none; each
-# step waits with the GIL released WAITS times (GPU kernels, torch operations), with a
+# step waits with the GIL released STEP_WAITS times (GPU kernels, torch operations), with a
 # little Python after each.
 STEP_WAITS, WAIT_S = 20, 0.0005
 STEP_PAGES = 13
