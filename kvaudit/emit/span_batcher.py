@@ -172,12 +172,12 @@ class SpanBatcher:
         with self._idle:
             self._exporting = True
             while self._queue and len(batch) < self._max_batch:
+                self._give_way()  # between spans (built here, most of them)
                 span = self._queue[0]
                 if not isinstance(span, ReadableSpan):
                     try:
                         # Left in the queue while built, so that flush still waits for it.
                         span = self._queue[0] = span.build()
-                        self._give_way()
                     except Exception as exc:  # its maker counts its own failures; here it is a drop
                         self._queue.popleft()
                         self.stats.dropped_spans += 1
