@@ -96,7 +96,7 @@ def test_the_exporter_thread_gives_way_between_spans_and_its_exporter_finds_it()
     _emit(emitter, spans=5, pages=3)
     emitter.flush()
     assert found and all(turns_seen is turns for turns_seen in found)
-    # At least once per span built, and once per batch exported.
+    # At least once per span taken (and built), and once per batch exported.
     assert turns.pauses >= 5 + len(found)
     assert len(capture.spans) == 5
     emitter.shutdown()
