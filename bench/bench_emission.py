@@ -5,13 +5,15 @@
 - per span: `operation()` + `end()` against a bare SDK span with the same attributes;
 - against the modelled transfer time of the 27B page a descriptor describes;
 - export: descriptors per second encoded and written as OTLP JSON lines, by the
-  exporter alone and end to end through the emitter's background thread;
+  exporter alone and end to end through the emitter's background thread; the cost of
+  encoding an OTLP/HTTP request, kvaudit's encoder against the official exporter's;
 - cold: a span of 32 descriptors (a request's blocks) emitted right after a 32 MiB copy,
   as a hook runs between an engine's transfers, against the same span in a hot loop;
 - the serving thread's waits for the GIL while the exporter thread works: a loop that
   emits at a replica's trace volume and waits with the GIL released between (as on a GPU
   or in a torch operation), its time getting the GIL back with the exporter giving way
-  (`kvaudit.emit.give_way`) and not, against the same loop emitting nothing.
+  (`kvaudit.emit.give_way`) and not, and sending OTLP/HTTP with kvaudit's encoding and
+  with the official exporter's, against the same loop emitting nothing.
 
 Sizes: KVAUDIT_BENCH_SPANS (spans per run, default 2000), 128 pages per span.
 """
@@ -21,9 +23,10 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -33,7 +36,9 @@ from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
 from kvaudit.emit.emitter import Emitter, replica_resource, setup_emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 from kvaudit.emit.give_way import GiveWay
+from kvaudit.emit.otlp_http_exporter import OTLPHttpExporter
 from kvaudit.emit.span_batcher import SpanBatcher
+from kvaudit.otlp.encode_protobuf import spans_to_request
 from kvaudit.simulator.model import CostModel
 
 PAGES_PER_SPAN = 128
@@ -94,24 +99,47 @@ def _sdk(spans: int, pages_per_span: int) -> float:
     return best_of(REPEATS, run)
 
 
-def _export(spans: int) -> tuple[float, float]:
-    """Descriptors per second: the file exporter alone, and emitter + background thread + file."""
+def _built(spans: int, pages_per_span: int) -> list[ReadableSpan]:
+    """`spans` spans of `pages_per_span` descriptors each, as the exporter thread hands them over."""
     keep = _Keep()
     emitter = Emitter(replica_resource("r1", kv=KV), SpanBatcher(keep, max_queue=spans + 1))
-    pages = [page(i) for i in range(PAGES_PER_SPAN)]
+    pages = [page(i) for i in range(pages_per_span)]
     for n in range(spans):
         with emitter.operation(Op.FETCH, hook=Hook.SIMULATOR, request_id=f"q{n}") as op:
             for p in pages:
                 op.add_page(p)
     emitter.shutdown()
+    return keep.spans
+
+
+def _otlp_encoding(spans: int) -> tuple[float, float]:
+    """µs per descriptor encoding OTLP/HTTP requests of 1,024 descriptors (the batcher's
+    bound): kvaudit's encoder (what `otlp:` sends) and the official OTLP exporter's."""
+    built = _built(spans, COLD_PAGES)
+    batches = [built[i : i + 1024 // COLD_PAGES] for i in range(0, len(built), 1024 // COLD_PAGES)]
+
+    def cost(encode: Callable[[Sequence[ReadableSpan]], bytes]) -> float:
+        def run() -> None:
+            for batch in batches:
+                encode(batch)
+
+        return 1e6 * best_of(REPEATS, run) / (spans * COLD_PAGES)
+
+    return cost(spans_to_request), cost(lambda batch: encode_spans(batch).SerializePartialToString())
+
+
+def _export(spans: int) -> tuple[float, float]:
+    """Descriptors per second: the file exporter alone, and emitter + background thread + file."""
+    built = _built(spans, PAGES_PER_SPAN)
+    pages = [page(i) for i in range(PAGES_PER_SPAN)]
     descriptors = spans * PAGES_PER_SPAN
     with tempfile.TemporaryDirectory() as tmp:
         exporter = OTLPJsonFileExporter(Path(tmp) / "alone.jsonl")
         batch = 64  # spans per line: what the batcher hands over under load, give or take
 
         def alone() -> None:
-            for i in range(0, len(keep.spans), batch):
-                exporter.export(keep.spans[i : i + batch])
+            for i in range(0, len(built), batch):
+                exporter.export(built[i : i + batch])
 
         exporter_s = best_of(1, alone)
         exporter.shutdown()
@@ -205,8 +233,9 @@ def _serving_waits(seconds: float, exporter: SpanExporter, emit: bool, give_way:
 def _gil_waits(seconds: float) -> dict[str, Waits]:
     """`_serving_waits` of the loops, alternating twice; each one's least disturbed run.
 
-    The exporter writes a trace file (`file`), or sends OTLP/HTTP with the official
-    exporter to `kvaudit collect` in a process of its own (`otlp`).
+    The exporter writes a trace file (`file`), giving way and not; or sends OTLP/HTTP to
+    `kvaudit collect` in a process of its own, as `otlp:` does (`otlp`: kvaudit's encoding,
+    giving way) and as the official exporter does alone (`official`).
     """
     runs: dict[str, list[Waits]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,8 +248,9 @@ def _gil_waits(seconds: float) -> dict[str, Waits]:
                     on = "on" if give_way else "off"
                     file = OTLPJsonFileExporter(Path(tmp) / f"waits-{on}.jsonl")
                     runs[f"file {on}"].append(_serving_waits(seconds, file, emit=True, give_way=give_way))
-                    otlp = OTLPSpanExporter(endpoint=endpoint)
-                    runs[f"otlp {on}"].append(_serving_waits(seconds, otlp, emit=True, give_way=give_way))
+                ours, official = OTLPHttpExporter(endpoint=endpoint), OTLPSpanExporter(endpoint=endpoint)
+                runs["otlp on"].append(_serving_waits(seconds, ours, emit=True, give_way=True))
+                runs["otlp official"].append(_serving_waits(seconds, official, emit=True, give_way=True))
         finally:
             receiver.stop()
     return {name: min(results) for name, results in runs.items()}
@@ -237,6 +267,7 @@ def main() -> None:
     transfer_us = 1e6 * CostModel().transfer_s(PAGE_BYTES)
     alone, end_to_end = _export(max(spans // 4, 10))
     hot_us, cold_us = _cold(max(spans // 10, 10))
+    ours_otlp_us, official_otlp_us = _otlp_encoding(max(spans // 4, 32))
     waits = _gil_waits(env_int("KVAUDIT_BENCH_WAIT_SECONDS", 10))
     print(
         f"{spans} spans of {PAGES_PER_SPAN} page descriptors, best of {REPEATS}; 27B page: {PAGE_BYTES / 2**20:.0f} MiB"
@@ -271,6 +302,13 @@ def main() -> None:
                 f"{cold_us / hot_us:.1f}× the hot loop",
                 "",
             ),
+            (
+                "µs per descriptor encoding an OTLP/HTTP request",
+                f"{ours_otlp_us:.2f}",
+                f"{official_otlp_us:.2f} (official encoder)",
+                f"{official_otlp_us / ours_otlp_us:.1f}× cheaper",
+                "",
+            ),
             ("export, descriptors/s (exporter alone)", f"{alone:,.0f}", "", "", ""),
             ("export, descriptors/s (emitter + thread + file)", f"{end_to_end:,.0f}", "", "", ""),
         ]
@@ -282,13 +320,13 @@ def main() -> None:
         f"emitting nothing: 99.9th percentile {none[1]:.0f} µs, longest {none[2]:.0f} µs:"
     )
     rows = []
-    for export in ("file", "otlp"):
-        on, off = waits[f"{export} on"], waits[f"{export} off"]
+    for export, other, against in (("file", "off", "not"), ("otlp", "official", "the official exporter")):
+        on, off = waits[f"{export} on"], waits[f"{export} {other}"]
         rows += [
             (
                 f"{export}: µs a step getting the GIL back, beyond emitting nothing",
                 f"{on[0] - none[0]:.0f} (giving way)",
-                f"{off[0] - none[0]:.0f} (not)",
+                f"{off[0] - none[0]:.0f} ({against})",
                 "",
                 "",
             ),

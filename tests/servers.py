@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -49,12 +50,15 @@ def serving(
 
 class RecordingServer(ThreadingHTTPServer):
     """An HTTP server on 127.0.0.1 that answers every request with a small CSV and records it:
-    its method and path in `requests`, a JSON body in `posts`."""
+    its method and path in `requests`, each body with its headers in `bodies`, a JSON body
+    also in `posts`. It answers with the statuses in `statuses` first, in order, then 200."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _RecordingHandler)
         self.requests: list[str] = []
+        self.bodies: list[tuple[Message, bytes]] = []
         self.posts: list[Any] = []
+        self.statuses: list[int] = []
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     @property
@@ -77,9 +81,12 @@ class _RecordingHandler(BaseHTTPRequestHandler):
         self.server.requests.append(f"{self.command} {self.path}")
         length = int(self.headers.get("Content-Length") or 0)
         if length:
-            self.server.posts.append(json.loads(self.rfile.read(length)))
+            body = self.rfile.read(length)
+            self.server.bodies.append((self.headers, body))
+            if self.headers.get_content_type() != "application/x-protobuf":
+                self.server.posts.append(json.loads(body))
         body = b"value\n1\n"
-        self.send_response(200)
+        self.send_response(self.server.statuses.pop(0) if self.server.statuses else 200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":

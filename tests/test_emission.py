@@ -142,10 +142,12 @@ def test_lines_equal_the_official_otlp_encoder():
 def test_attributes_encoded_once_are_told_apart_by_type_and_still_equal_the_official_encoder(
     monkeypatch: pytest.MonkeyPatch, kept: int
 ):
-    from kvaudit.otlp import encode
+    from kvaudit.otlp import encode, encode_protobuf
 
-    monkeypatch.setattr(encode, "_SEEN", {})
-    monkeypatch.setattr(encode, "_SEEN_MAX", kept)
+    caches = (encode._KEY_VALUES, encode_protobuf._KEY_VALUES)
+    for cache in caches:
+        monkeypatch.setattr(cache, "_kept", {})
+        monkeypatch.setattr(cache, "most", kept)
     capture = Capture()
     emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
     # Equal as Python values and as keys of a dict, not as attributes: an int, a bool, a float.
@@ -153,12 +155,13 @@ def test_attributes_encoded_once_are_told_apart_by_type_and_still_equal_the_offi
     for value in (1, True, 1.0, 1, [1, 2], (1, 2), "1", True, "k" * 64, "k" * 64, tuple(range(64)), ([1],)):
         emitter.operation(Op.STORE, hook=Hook.LMCACHE_ENGINE, attributes={"kvaudit.x": value}).end()
     emitter.flush()
-    ours = line_to_traces_data(spans_to_line(capture.spans))
-    official = TracesData(resource_spans=encode_spans(capture.spans).resource_spans)
-    assert ours == official
-    values = [value for name, _, value in encode._SEEN if name == "kvaudit.x"]
-    assert all(not isinstance(value, str | tuple) or len(value) <= 48 for value in values)
-    assert values or kept == 3
+    official = encode_spans(capture.spans)
+    assert line_to_traces_data(spans_to_line(capture.spans)) == TracesData(resource_spans=official.resource_spans)
+    assert encode_protobuf.spans_to_request(capture.spans) == official.SerializeToString()
+    for cache in caches:
+        values = [value for name, _, value in cache._kept if name == "kvaudit.x"]
+        assert all(not isinstance(value, str | tuple) or len(value) <= 48 for value in values)
+        assert values or kept == 3
 
 
 def test_exceptions_inside_emission_never_reach_the_caller(caplog: pytest.LogCaptureFixture):

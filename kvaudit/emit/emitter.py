@@ -566,12 +566,12 @@ def exporter_for(export: str | None, replica: str) -> SpanExporter:
     """
     spec = export or os.environ.get(ENV_EXPORT)
     if spec is None or spec.startswith("otlp:"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from kvaudit.emit.otlp_http_exporter import OTLPHttpExporter
 
         if spec is None:
-            return OTLPSpanExporter()
+            return OTLPHttpExporter()
         url = spec.removeprefix("otlp:")
-        return OTLPSpanExporter(
+        return OTLPHttpExporter(
             endpoint=url if url.rstrip("/").endswith("/v1/traces") else url.rstrip("/") + "/v1/traces"
         )
     if spec.startswith("file:"):

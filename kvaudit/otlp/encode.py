@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from kvaudit.otlp import schema as s
+from kvaudit.otlp.encoded_once import EncodedOnce
 
 # SpanKind in the SDK counts from 0 (INTERNAL); OTLP counts from 1 (0 is UNSPECIFIED).
 _KIND = {kind: kind.value + 1 for kind in SpanKind}
@@ -130,40 +131,12 @@ def _flags(parent: Any) -> int:
     return 0x300 if parent is not None and parent.is_remote else 0x100
 
 
-# Attributes already encoded, by name, type and value (1, True and 1.0 are equal keys
-# otherwise). A page's dtype, layout, model, shape, tier and most of the rest repeat
-# from page to page: each is made once, not once a page. Dropped whole when full; long
-# strings and tuples are never kept (a page's key is its own, and whatever an engine
-# sends stays out of memory once encoded).
-_SEEN: dict[tuple[str, type, Any], s.KeyValue] = {}
-_SEEN_MAX = 8192
-_SEEN_LONGEST = 48
-_SIZED = frozenset({str, bytes, tuple})
+def _key_value(key: str, value: Any) -> s.KeyValue:
+    return s.KeyValue(key, _value(value))
 
 
-def _attributes(attributes: Mapping[str, Any] | None) -> list[s.KeyValue]:
-    if not attributes:
-        return []
-    seen = _SEEN
-    encoded = []
-    for key, value in attributes.items():
-        kind = type(value)
-        name = (key, kind, value)
-        kept = not (kind in _SIZED and len(value) > _SEEN_LONGEST)
-        attribute = None
-        if kept:
-            try:
-                attribute = seen.get(name)
-            except TypeError:  # an unhashable value (a list, a mapping, a tuple of them)
-                kept = False
-        if attribute is None:
-            attribute = s.KeyValue(key, _value(value))
-            if kept:
-                if len(seen) >= _SEEN_MAX:
-                    seen.clear()
-                seen[name] = attribute
-        encoded.append(attribute)
-    return encoded
+_KEY_VALUES: EncodedOnce[s.KeyValue] = EncodedOnce(_key_value)
+_attributes = _KEY_VALUES.all
 
 
 def _value(value: Any) -> s.AnyValue:
