@@ -6,12 +6,14 @@ What serving waits for the GIL with each exporter is measured in bench/bench_emi
 from __future__ import annotations
 
 import gzip
+import logging
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
@@ -23,6 +25,7 @@ from kvaudit.emit import give_way
 from kvaudit.emit.emitter import ENV_EXPORT, Emitter, exporter_for, replica_resource
 from kvaudit.emit.otlp_http_exporter import OTLPHttpExporter
 from kvaudit.emit.span_batcher import SpanBatcher
+from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 from kvaudit.otlp.encode_protobuf import spans_to_request
 
 from .conftest import KV, full_page
@@ -140,3 +143,25 @@ def test_it_gives_way_as_it_encodes_on_a_thread_that_does():
         exporter.shutdown()
     assert turns.pauses == len(batch)
     assert len({body for _, body in server.bodies}) == 1
+
+
+def test_an_attribute_that_cannot_be_encoded_is_left_out_of_both_encodings_and_named_once(
+    caplog: pytest.LogCaptureFixture,
+):
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    for _ in range(2):
+        # The SDK keeps a None inside a sequence and an integer of any size; OTLP carries neither.
+        attributes = {"kvaudit.ok": 1, "kvaudit.gap": (1, None), "kvaudit.huge": 2**64, "kvaudit.after": "x"}
+        emitter.operation(Op.STORE, hook=Hook.LMCACHE_ENGINE, attributes=attributes).end()
+    emitter.flush()
+    official = encode_spans(capture.spans)
+    with caplog.at_level(logging.WARNING, logger="kvaudit.otlp.encoded_once"):
+        request = spans_to_request(capture.spans)
+        line = spans_to_line(capture.spans)
+    assert request == official.SerializeToString()
+    assert line_to_traces_data(line) == TracesData(resource_spans=official.resource_spans)
+    sent = {kv.key for kv in official.resource_spans[0].scope_spans[0].spans[0].attributes}
+    assert {"kvaudit.ok", "kvaudit.after"} <= sent and not {"kvaudit.gap", "kvaudit.huge"} & sent
+    named = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(named) == 2 and "'kvaudit.gap'" in named[0] and "'kvaudit.huge'" in named[1]

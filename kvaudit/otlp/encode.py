@@ -146,7 +146,7 @@ def _value(value: Any) -> s.AnyValue:
     if kind is bool:
         return s.AnyValue(boolValue=value)
     if kind is int:
-        return s.AnyValue(intValue=str(value))
+        return s.AnyValue(intValue=str(s.int64(value)))
     if kind is float:
         return s.AnyValue(doubleValue=value)
     if isinstance(value, str):  # str subclasses such as StrEnum members

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from kvaudit.otlp.encoded_once import EncodedOnce
+from kvaudit.otlp.schema import int64
 
 # SpanKind in the SDK counts from 0 (INTERNAL); OTLP counts from 1 (0 is UNSPECIFIED).
 _KIND = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
@@ -29,7 +30,6 @@ _FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", 0x100)
 _FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", 0x300)
 _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
-_INT64 = range(-(1 << 63), 1 << 63)
 
 
 def spans_to_request(spans: Sequence[ReadableSpan], each: Callable[[], None] | None = None) -> bytes:
@@ -156,9 +156,7 @@ def _any_value(value: Any) -> bytes:
     if isinstance(value, str):
         return _field(0x0A, value.encode())
     if isinstance(value, int):
-        if value not in _INT64:
-            raise ValueError(f"attribute value {value} is out of range for an int64")
-        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+        return b"\x18" + _varint(int64(value) & 0xFFFFFFFFFFFFFFFF)
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(value)
     if isinstance(value, bytes):

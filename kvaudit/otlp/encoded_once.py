@@ -7,8 +7,11 @@ encoding once, not once a page.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -36,7 +39,7 @@ class EncodedOnce(Generic[T]):
         self._kept: dict[tuple[str, type, Any], T] = {}
 
     def all(self, attributes: Mapping[str, Any] | None) -> list[T]:
-        """The encodings of `attributes`, in their order."""
+        """The encodings of `attributes`, in their order; one that cannot be encoded is left out and logged."""
         if not attributes:
             return []
         kept = self._kept
@@ -46,14 +49,30 @@ class EncodedOnce(Generic[T]):
             name = (key, type(value), value)
             try:
                 attribute = kept.get(name)
+                keep = True
             except TypeError:  # an unhashable value (a list, a mapping, a tuple of them)
-                encoded.append(make(key, value))
-                continue
+                attribute, keep = None, False
             if attribute is None:
-                attribute = make(key, value)
-                if not (type(value) in _SIZED and len(value) > LONGEST_KEPT):
+                try:
+                    attribute = make(key, value)
+                except (TypeError, ValueError) as exc:  # a None in a sequence, an int past 64 bits
+                    _left_out(key, exc)
+                    continue
+                if keep and not (type(value) in _SIZED and len(value) > LONGEST_KEPT):
                     if len(kept) >= self.most:
                         kept.clear()
                     kept[name] = attribute
             encoded.append(attribute)
         return encoded
+
+
+# Names already logged: an attribute that cannot be encoded is named once, not at every span.
+_LOGGED: set[str] = set()
+_LOGGED_MOST = 256
+
+
+def _left_out(key: str, exc: Exception) -> None:
+    if key in _LOGGED or len(_LOGGED) >= _LOGGED_MOST:
+        return
+    _LOGGED.add(key)
+    logger.warning("kvaudit: attribute %r left out of the spans it is on: %s", key[:100], exc)

@@ -12,6 +12,21 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+# An attribute's integer is an int64 (`AnyValue.int_value`); a larger one cannot be sent.
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def int64(value: int) -> int:
+    """`value`, if an attribute can carry it.
+
+    Raises:
+        ValueError: it is out of an int64's range.
+    """
+    if value not in _INT64:
+        raise ValueError(f"{value} is out of range for an int64")
+    return value
+
+
 # What a span's `events` decode as: the events themselves, or (for the reader's first
 # pass, which leaves page events to kvaudit.page_scan) their raw JSON, skipped unparsed.
 EventsT = TypeVar("EventsT")
