@@ -23,7 +23,7 @@ def int64(value: int) -> int:
         ValueError: it is out of an int64's range.
     """
     if value not in _INT64:
-        raise ValueError(f"{value} is out of range for an int64")
+        raise ValueError(f"an integer of {value.bit_length()} bits is out of an int64's range")
     return value
 
 
