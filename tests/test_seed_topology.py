@@ -25,6 +25,10 @@ The replicas, each run once for the whole module, two at a time, producers first
     raw (fs://, no chunk meta)  raw_producer (the     raw_consumer, raw_guard (without and
                                 raw-pointer fallback) with guard)
 
+The server pool's clean consumer sends its spans over OTLP/HTTP (`otlp:`) to `kvaudit
+collect`, which writes them beside the other replicas' trace files, as a fleet past one
+machine does; every other replica writes its own files.
+
 The path pool is a rolling upgrade with prevention from the vLLM hook (`prevent` in the
 `kvaudit` section: the geometry tag in each request's `kv_transfer_params`, the LMCache
 hook's own `prevent` off): a replica not yet upgraded (path_consumer) still shares the
@@ -142,12 +146,13 @@ def _spec(
     split: bool = False,
     baseline: bool = False,
     prevent: bool = False,
+    export: str | None = None,
 ) -> dict[str, Any]:
     audit = {
         "wrap": "RawPointerFaultLMCacheConnector" if raw_pointer else "CPULMCacheConnectorV1",
         "wrap_module_path": "kvaudit.hooks.vllm.lmcache_cpu",
         "replica": name,
-        "export": f"file:{base / 'traces' / pool / name}.jsonl",
+        "export": export or f"file:{base / 'traces' / pool / name}.jsonl",
         "guard": guard,
         "prevent": prevent,
         # Both hooks from this one section: the LMCache hook's options in its subsection.
@@ -181,12 +186,17 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     (base / "model").mkdir()
     (base / "model" / "config.json").write_text(json.dumps(MODEL))
     write_random_weights(base / "model", MODEL)
-    port = free_port()
+    port, collector_port = free_port(), free_port()
     server = [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"]
-    with serving(server, port, "LMCache server", env={**os.environ, **ENV}):
+    # The clean consumer sends its spans over OTLP/HTTP, as a fleet past one machine does.
+    collector = [sys.executable, "-m", "kvaudit", "collect", "--out", str(base / "traces" / "server")]
+    with (
+        serving(server, port, "LMCache server", env={**os.environ, **ENV}),
+        serving([*collector, f"127.0.0.1:{collector_port}"], collector_port, "kvaudit collect"),
+    ):
         pools = _pools(base, f"lm://127.0.0.1:{port}")
 
-        def replica(pool: str, name: str, after: tuple[str, ...] = (), **options: bool) -> Replica:
+        def replica(pool: str, name: str, after: tuple[str, ...] = (), **options: Any) -> Replica:
             return Replica(name, SCRIPT, _spec(base, pools, pool, name, **options), after)
 
         # A guarded replica comes after the other readers of its pool: it recomputes what it
@@ -197,7 +207,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             replica("raw", "raw_producer", raw_pointer=True),
             replica("server", "split", ("producer",), split=True, baseline=True),
             replica("raw", "raw_consumer", ("raw_producer",)),
-            replica("server", "consumer", ("producer",)),
+            replica("server", "consumer", ("producer",), export=f"otlp:http://127.0.0.1:{collector_port}"),
             replica("path", "path_producer", prevent=True),
             replica("server", "split_guard", ("consumer", "split"), split=True, guard=True),
             replica("raw", "raw_guard", ("raw_consumer",), guard=True),
@@ -277,6 +287,8 @@ def test_both_layers_are_joined(deployment: Deployment) -> None:
         lmcache_ops = _rows(store, "SELECT replica, op, request_id FROM spans WHERE hook LIKE 'lmcache.%'")
     finally:
         store.close()
+    # The consumer's processes sent their spans to `kvaudit collect`: its one file holds both layers.
+    assert [Path(path).name for path in deployment.paths("server", "consumer")] == ["consumer.jsonl"]
     stores = [row for row in joined if row["op"] == "store"]
     fetches = [row for row in joined if row["op"] == "fetch"]
     assert {row["replica"] for row in stores} == {"producer"} and {row["replica"] for row in fetches} == {"consumer"}
