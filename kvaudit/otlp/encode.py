@@ -22,14 +22,10 @@ from google.protobuf import json_format
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
 
 from kvaudit.otlp import schema as s
 from kvaudit.otlp.encoded_once import EncodedOnce
-
-# SpanKind in the SDK counts from 0 (INTERNAL); OTLP counts from 1 (0 is UNSPECIFIED).
-_KIND = {kind: kind.value + 1 for kind in SpanKind}
-_STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
+from kvaudit.otlp.span_fields import KIND, STATUS_CODE, flags
 
 
 def spans_to_line(spans: Sequence[ReadableSpan], each: Callable[[], None] | None = None) -> bytearray:
@@ -95,9 +91,9 @@ def _span(span: ReadableSpan) -> s.Span:
         traceId=f"{context.trace_id:032x}",
         spanId=f"{context.span_id:016x}",
         parentSpanId=f"{parent.span_id:016x}" if parent is not None else "",
-        flags=_flags(parent),
+        flags=flags(parent),
         name=span.name,
-        kind=_KIND[span.kind],
+        kind=KIND[span.kind],
         startTimeUnixNano=str(span.start_time or 0),
         endTimeUnixNano=str(span.end_time or 0),
         attributes=_attributes(span.attributes),
@@ -117,18 +113,13 @@ def _span(span: ReadableSpan) -> s.Span:
                 f"{link.context.trace_id:032x}",
                 f"{link.context.span_id:016x}",
                 attributes=_attributes(link.attributes),
-                flags=_flags(link.context),
+                flags=flags(link.context),
             )
             for link in span.links
         ],
         droppedLinksCount=span.dropped_links,
-        status=s.Status(status.description or "", _STATUS[status.status_code]),
+        status=s.Status(status.description or "", STATUS_CODE[status.status_code]),
     )
-
-
-def _flags(parent: Any) -> int:
-    """OTLP span flags as the OpenTelemetry encoder sets them: "has is-remote", "is remote"."""
-    return 0x300 if parent is not None and parent.is_remote else 0x100
 
 
 def _key_value(key: str, value: Any) -> s.KeyValue:

@@ -17,17 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
 
 from kvaudit.otlp.encoded_once import EncodedOnce
 from kvaudit.otlp.schema import int64
+from kvaudit.otlp.span_fields import KIND, STATUS_CODE, flags
 
-# SpanKind in the SDK counts from 0 (INTERNAL); OTLP counts from 1 (0 is UNSPECIFIED).
-_KIND = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
-_STATUS_CODE = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
-# Span.flags (field 16, fixed32) as the official encoder sets them: "has is-remote", "is remote".
-_FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", 0x100)
-_FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", 0x300)
+_KIND = {kind: bytes((0x30, value)) for kind, value in KIND.items()}  # Span.kind, field 6
+_FIXED32 = struct.Struct("<I").pack
 _FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
 
@@ -95,7 +91,7 @@ def _span(span: ReadableSpan) -> bytes:
     if span.dropped_links:
         parts.append(b"\x70" + _varint(span.dropped_links))
     status = span.status
-    code = _STATUS_CODE[status.status_code]
+    code = STATUS_CODE[status.status_code]
     parts.append(
         _field(
             0x7A,
@@ -103,7 +99,7 @@ def _span(span: ReadableSpan) -> bytes:
             + (b"\x18" + _varint(code) if code else b""),
         )
     )
-    parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
+    parts.append(b"\x85\x01" + _FIXED32(flags(parent)))  # Span.flags, field 16
     return b"".join(parts)
 
 
@@ -125,7 +121,7 @@ def _link(link: Any) -> bytes:
     )
     if link.dropped_attributes:
         body += b"\x28" + _varint(link.dropped_attributes)
-    return body + (b"\x35" + struct.pack("<I", 0x300 if context.is_remote else 0x100))
+    return body + b"\x35" + _FIXED32(flags(context))  # Link.flags, field 6
 
 
 def _attributes_field(tag: int, attributes: Mapping[str, Any] | None) -> bytes:
