@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import logging
+import threading
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -165,3 +167,24 @@ def test_an_attribute_that_cannot_be_encoded_is_left_out_of_both_encodings_and_n
     assert {"kvaudit.ok", "kvaudit.after"} <= sent and not {"kvaudit.gap", "kvaudit.huge"} & sent
     named = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert len(named) == 2 and "'kvaudit.gap'" in named[0] and "'kvaudit.huge'" in named[1]
+
+
+def test_exports_from_several_threads_at_once_each_send_their_own_spans():
+    # The SDK's SimpleSpanProcessor exports on the thread that ends a span, with no lock.
+    batches = [_pages(spans=1, pages=n) for n in range(1, 9)]
+    meeting = threading.Barrier(len(batches), timeout=30)
+
+    class AllEncodedFirst(OTLPHttpExporter):
+        def _export(self, *args: Any, **kwargs: Any) -> Any:
+            meeting.wait()  # every thread has made its request before any posts
+            return super()._export(*args, **kwargs)
+
+    with RecordingServer() as server:
+        exporter = AllEncodedFirst(endpoint=f"{server.url}/v1/traces", timeout=10)
+        threads = [threading.Thread(target=exporter.export, args=(batch,)) for batch in batches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        exporter.shutdown()
+    assert sorted(body for _, body in server.bodies) == sorted(encode_spans(b).SerializeToString() for b in batches)

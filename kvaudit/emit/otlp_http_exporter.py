@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,21 +24,22 @@ class OTLPHttpExporter(OTLPSpanExporter):
     exporter thread giving way between spans (`give_way`), and handed to the official
     sending: `export` gives the official method no spans to encode, and its one POST,
     `_export` (the first argument the request's bytes, in every release from 1.27 to 1.40),
-    sends the bytes made here instead of the empty request. The SDK never calls `export`
-    concurrently (nor does `SpanBatcher`), so one pending request suffices.
+    sends the bytes made here instead of the empty request. The request waits for it in a
+    thread-local: the official `export` posts on the thread that called it, and the SDK's
+    `SimpleSpanProcessor` may call `export` from several threads at once.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._request: bytes | None = None
+        self._pending = threading.local()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self._request = spans_to_request(spans, give_way.current())
+        self._pending.request = spans_to_request(spans, give_way.current())
         try:
             return super().export(())
         finally:
-            self._request = None
+            self._pending.request = None
 
     def _export(self, serialized_data: bytes, *args: Any, **kwargs: Any) -> Any:
-        request = self._request if self._request is not None else serialized_data
-        return super()._export(request, *args, **kwargs)
+        request = getattr(self._pending, "request", None)
+        return super()._export(serialized_data if request is None else request, *args, **kwargs)
