@@ -72,7 +72,8 @@ _LOGGED_MOST = 256
 
 
 def _left_out(key: str, exc: Exception) -> None:
-    if key in _LOGGED or len(_LOGGED) >= _LOGGED_MOST:
+    name = str(key)[:100]
+    if name in _LOGGED or len(_LOGGED) >= _LOGGED_MOST:
         return
-    _LOGGED.add(key)
-    logger.warning("kvaudit: attribute %r left out of the spans it is on: %s", key[:100], exc)
+    _LOGGED.add(name)
+    logger.warning("kvaudit: attribute %r cannot be sent in OTLP (%s): left out, the rest of its span sent", name, exc)
