@@ -48,12 +48,13 @@ class SpanBatcher:
         max_queue: spans held at most; a span submitted to a full queue is dropped and counted.
         max_batch: spans per `export` call.
         max_batch_events: page events per `export` call (a batch ends before the span
-            that would pass it; a span with more goes alone). Encoding a batch ends in
-            one C call that holds the GIL (protobuf's `SerializeToString` for OTLP, the
-            line's framing for a file): about 1.6 ms for 1024 events in protobuf, 35 ms
-            for 16384 (bench/README.md), so the default keeps it under the switch
-            interval; one OTLP request stays far within a receiver's body limit too
-            (the Collector's default is 20 MiB; a descriptor is about 700 bytes).
+            that would pass it; a span with more goes alone). An exporter ends a batch
+            with one call that cannot give way (a file line's framing; joining an OTLP
+            request; with the official OTLP exporter, its whole encoding and protobuf's
+            `SerializeToString`, 1.6 ms for 1024 events, 35 ms for 16384: bench/README.md),
+            so the default keeps it under the switch interval; one OTLP request stays far
+            within a receiver's body limit too (the Collector's default is 20 MiB; a
+            descriptor is about 700 bytes).
         delay_s: longest time a span waits before its batch is exported.
         give_way: how the worker gives way to other threads (`kvaudit.emit.give_way`),
             installed as its thread's, where the exporter finds it too; default a
