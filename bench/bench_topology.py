@@ -11,10 +11,11 @@ The hooks' work is per call, per request and per page, not per byte or per layer
 share of the engine it takes falls as the pages grow. Requests come one at a time, each
 in engine steps of its own, and also all together, as a serving replica receives them:
 vLLM batches them, and the vLLM layer's calls at each step serve every request of the
-step. Clocks inside each worker (bench/topology_probe.py) measure, in the
+step. Clocks inside each worker and scheduler (bench/topology_probe.py) measure, in the
 same run, the engine's store and fetch (wall time of LMCache with its copy, pool transfer
 and lookup release, the hooks taken off) and the CPU time of the LMCache hook's own work
-and of the vLLM layer's own work, after a warm-up request (the first step holds one-time
+and of the vLLM layer's own work, in the worker and on the scheduler's side (its lookup
+of each request and the plans it sends the worker), after a warm-up request (the first step holds one-time
 costs, such as the LMCache hook making its emitter). The exporter threads, which build,
 encode and write the spans off the serving thread, are reported apart: CPU that serving
 does not wait for, except where it waits for the GIL (docs/design.md section 2).
@@ -151,6 +152,9 @@ def _run(name: str, spec: dict[str, Any], root: Path) -> dict[str, Any]:
     if proc.returncode != 0 or not probe.exists():
         raise RuntimeError(f"replica {name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     figures = json.loads(probe.read_text())
+    scheduler = Path(f"{probe}.scheduler")
+    if scheduler.exists():  # the EngineCore process's clocks (vLLM's scheduler side)
+        figures["scheduler"] = json.loads(scheduler.read_text())
     figures["cached"] = int(next(line for line in proc.stdout.splitlines() if line.startswith("CACHED")).split()[1])
     return figures
 
@@ -174,15 +178,21 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
     engine = seconds[f"engine_{side}_wall"] - seconds[f"engine_{side}_hook"]
     vllm_layer = seconds["vllm_layer"]
     lmcache_hook = seconds["lmcache_hook"]
-    hooks = vllm_layer + lmcache_hook
-    exporters = seconds["exporters"]
+    scheduler = figures.get("scheduler", {})
+    scheduler_side = scheduler.get("seconds", {}).get("vllm_scheduler", 0.0) - scheduler.get("first_step", {}).get(
+        "vllm_scheduler", 0.0
+    )
+    hooks = vllm_layer + lmcache_hook + scheduler_side
+    exporters = seconds["exporters"] + scheduler.get("seconds", {}).get("exporters", 0.0)
+    exporters -= scheduler.get("first_step", {}).get("exporters", 0.0)
     steps = figures["calls"]["steps"] - figures["first_step_calls"].get("steps", 0)
     us = 1e6
     print(
         f"{side:<5} ({steps} steps) engine {engine / REQUESTS * 1e3:8.2f} ms/request "
         f"{engine / pages * 1e3:7.2f} ms/chunk   "
         f"hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
-        f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f}, "
+        f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f} in the worker, "
+        f"{scheduler_side / REQUESTS * us:6.1f} in the scheduler, "
         f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
         f"(goal < 1%); exporter threads {exporters / REQUESTS * us:6.1f} us/request, off the serving thread"
     )

@@ -23,6 +23,14 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   call is left uncounted, `handle_preemptions` (once a step; its forwarder costs about
   3.5 µs cold beyond the wrapped connector's own, measured apart in bench/README.md): a
   clock around it would cost as much.
+- `KVAuditConnector`'s scheduler-side calls, in the EngineCore process (vLLM's CPU build
+  runs its worker in a process of its own; on one GPU the worker shares the scheduler's
+  thread): every one vLLM's scheduler makes per request or per step (`_SCHEDULER`),
+  less the wrapped connector's call inside each, as for the worker. That process writes
+  its totals to `$KVAUDIT_PROBE_OUT.scheduler` at each `build_connector_meta` and
+  `request_finished` and, from the warm-up's end on, every quarter second with its
+  exporter thread's CPU; and those taken when the warm-up request finished (`first_step`),
+  its spans exported first.
 
 Off the serving thread, the CPU time of the process's exporter threads
 (`kvaudit-exporter`, one per emitter: the vLLM layer's on each side, the LMCache hook's),
@@ -228,14 +236,75 @@ def _flush_exporters() -> None:
             batcher.flush()
 
 
-def _sample_exporters() -> None:
+def _sample_exporters(write: Callable[[], None] = _write) -> None:
     while True:
         time.sleep(0.25)
         SECONDS["exporters"] = _exporters_cpu()
-        _write()
+        write()
 
 
 for _name in _COLLECT:
+    if hasattr(CPULMCacheConnectorV1, _name):
+        setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
+
+# The scheduler side, in the EngineCore process: the calls vLLM's scheduler makes into the
+# connector, per request or per step, on the thread that schedules every step.
+_SCHEDULER = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+    "take_events",
+    "has_pending_block_frees",
+    "has_pending_push_work",
+    "on_new_request",
+    "get_loaded_kv_cache_group_ids",
+)
+SCHEDULER_FIRST: dict[str, float] = {}  # SECONDS when the warm-up request finished
+
+
+def _scheduler_side(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A `KVAuditConnector` scheduler-side method: its time less the wrapped connector's, to
+    SECONDS["vllm_scheduler"]; the totals written to `$KVAUDIT_PROBE_OUT.scheduler`."""
+
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if function.__name__ == "request_finished" and not SCHEDULER_FIRST:
+            # The warm-up request, alone, is the first to finish: what it took is one-time.
+            _flush_exporters()
+            SECONDS["exporters"] = _exporters_cpu()
+            SCHEDULER_FIRST.update(SECONDS)
+            sampler = threading.Thread(target=_sample_exporters, args=(_write_scheduler,), daemon=True)
+            sampler.start()
+        _INNER.clear()
+        started = time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            own = time.thread_time() - started
+            if len(_INNER) >= 2:
+                own -= _INNER[-1] - _INNER[0]
+            SECONDS["vllm_scheduler"] += own
+            SECONDS[f"vllm_scheduler.{function.__name__}"] += own
+            CALLS[f"vllm_scheduler.{function.__name__}"] += 1
+            if function.__name__ in ("build_connector_meta", "request_finished"):
+                _write_scheduler()
+
+    return timed
+
+
+def _write_scheduler() -> None:
+    out = os.environ.get("KVAUDIT_PROBE_OUT")
+    if out:
+        totals = {"seconds": dict(SECONDS), "first_step": SCHEDULER_FIRST, "calls": dict(CALLS)}
+        with _WRITING, open(f"{out}.scheduler", "w") as file:
+            json.dump(totals, file)
+
+
+for _name in _SCHEDULER:
+    if hasattr(KVAuditConnector, _name):
+        setattr(KVAuditConnector, _name, _scheduler_side(getattr(KVAuditConnector, _name)))
     if hasattr(CPULMCacheConnectorV1, _name):
         setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
 # Made once, not at each call.

@@ -445,6 +445,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
     from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.pages import READ_IN_PLACE
 
     names = ("batched_get", "get", "get_non_blocking", "layerwise_batched_get", "batched_contains")
     originals = {name: StorageManager.__dict__[name] for name in names}
@@ -458,6 +459,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCa
     hook.uninstrument()
     hook.uninstrument()
     assert {name: StorageManager.__dict__[name] for name in names} == originals
+    assert READ_IN_PLACE == []
     assert ChunkedTokenDatabase.__dict__["process_tokens"] is tokens_original
     assert {name: LMCacheEngine.__dict__[name] for name in engine_originals} == engine_originals
     assert not hook.is_instrumented()
@@ -480,6 +482,7 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from kvaudit.hooks import lmcache as hook
+    from kvaudit.hooks.lmcache.pages import READ_IN_PLACE, ObjectFacts, object_facts
     from kvaudit.hooks.lmcache.testing import cpu_engine
 
     assert hook.instrument(replica="single", export=f"file:{tmp_path}/single.jsonl")
@@ -490,6 +493,10 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
         first = next(key for _, _, key in engine.token_database.process_tokens(tokens))
         obj = engine.storage_manager.get(first)
         assert obj is not None
+        # Its facts, read off its metadata in place, are what its getters return.
+        assert type(obj) in READ_IN_PLACE
+        getters = ObjectFacts(obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size())
+        assert object_facts(obj) == getters
         obj.ref_count_down()
         # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
         with pytest.raises(NotImplementedError):

@@ -450,6 +450,9 @@ def test_external_request_id_strips_vllms_suffix(monkeypatch: pytest.MonkeyPatch
 
     assert external_request_id("chat-42-0a1b2c3d") == "chat-42"
     assert external_request_id("0-0a1b2c3d") == "0"
+    # As vLLM reads its switch: "0" leaves the suffix on, and so stripped here.
+    monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0")
+    assert external_request_id("chat-42-0a1b2c3d") == "chat-42"
     monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "1")
     assert external_request_id("chat-42-0a1b2c3d") == "chat-42-0a1b2c3d"
 

@@ -110,6 +110,30 @@ def test_every_member_of_the_interface_is_forwarded(reports: dict[str, dict[str,
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_calls_the_scheduler_makes_at_every_step_reach_the_wrapped_connector_with_no_wrapper_frame(
+    reports: dict[str, dict[str, Any]], release: str
+) -> None:
+    """On the scheduler side, what vLLM calls each step or as each request arrives, is scheduled
+    or finishes, where kvaudit observes nothing, is the wrapped connector's method itself: no
+    forwarder runs on the thread that schedules every step (docs/design.md section 6.1)."""
+    expected = {
+        "on_new_request",
+        "get_external_cache_hit_sources",
+        "get_loaded_kv_cache_group_ids",
+        "update_connector_output",
+        "take_events",
+        "has_pending_block_frees",
+        "has_pending_push_work",
+        "register_finished_partial_tail",
+    }
+    if _at_least(release, "0.34.0"):
+        expected.add("may_load_async")
+    for wrapper_role, observed in _report(reports, release)["forwarding"].items():
+        if wrapper_role.endswith("/SCHEDULER"):
+            assert {name for name, seen in observed.items() if seen["straight"]} == expected, wrapper_role
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_the_enumeration_sees_what_each_release_added(reports: dict[str, dict[str, Any]], release: str) -> None:
     base = _report(reports, release)["interface"]["base"]
     for first, added in ADDED.items():
@@ -172,6 +196,17 @@ def test_plans_cover_new_and_resumed_requests(reports: dict[str, dict[str, Any]]
         "new": {"block_ids": [1, 2, 3], "load_tokens": BLOCK, "keys_are_block_hashes": True},
         "resumed": {"block_ids": [7, 8], "load_tokens": 0, "keys_are_block_hashes": True},
     }
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_request_with_a_trace_context_has_its_lookup_and_load_in_that_trace(
+    reports: dict[str, dict[str, Any]], release: str
+) -> None:
+    """The lookup (scheduler side) and the load (worker side) are children of the span the
+    request's W3C `traceparent` names (README: spans join the request's trace)."""
+    traced = _report(reports, release)["traced"]
+    assert traced["kvaudit.lookup"] == traced["sent"]
+    assert traced["kvaudit.fetch"] == traced["sent"]
 
 
 @pytest.mark.parametrize("release", RELEASES)

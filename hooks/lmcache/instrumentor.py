@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from kvaudit.contract import Op, Outcome
 from kvaudit.emit.emitter import Emitter
-from kvaudit.hooks.lmcache import evict, fetch, prevent, runtime
+from kvaudit.hooks.lmcache import evict, fetch, pages, prevent, runtime
 from kvaudit.hooks.lmcache.links import LINKS, Link
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ def instrument(
         logger.error("kvaudit: %s; LMCache hooks not installed", reason)
         return False
     from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.memory_management import TensorMemoryObj
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
     from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
     from lmcache.v1.storage_backend.storage_manager import StorageManager
@@ -85,6 +86,7 @@ def instrument(
 
     options = runtime.Options(replica, export, guard, checksum_rate, registry, prevent)
     runtime.install(runtime.Runtime(options, emitter))
+    pages.READ_IN_PLACE[:] = [TensorMemoryObj]
     _wrap(StorageManager, "batched_get", _batched_get)
     _wrap(StorageManager, "get", _get)
     _wrap(StorageManager, "get_non_blocking", _get_non_blocking)
@@ -104,6 +106,7 @@ def uninstrument() -> None:
     for (cls, name), original in _originals.items():
         setattr(cls, name, original)
     _originals.clear()
+    pages.READ_IN_PLACE.clear()
     runtime.clear()
 
 

@@ -57,10 +57,13 @@ from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
 from kvaudit.hooks.vllm.plans import (
     KVAuditMetadata,
     RequestPlan,
-    block_keys,
     external_request_id,
     full_block_tables,
+    hex_keys,
     plan_for,
+    prompt_hashes,
+    remote_parent,
+    trace_parent,
 )
 from kvaudit.hooks.vllm.prevent import request_tag, tag_request
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_vllm_config
@@ -78,12 +81,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# Worker calls kvaudit observes nothing in and that are never given its metadata: at every
-# layer (tens a step on a large model; vLLM asks `has_connector_metadata` before each
-# layer's load and save), or once a step to collect the inner connector's results or to
-# end the step (the step's state is reset where the next one binds its metadata). They
-# are bound straight to the inner connector's own methods, no forwarder frame in between
-# (docs/design.md section 5: what the serving thread pays).
+# Calls kvaudit observes nothing in and that are never given its metadata, bound straight
+# to the inner connector's own methods, no forwarder frame in between (docs/design.md
+# section 5: what the serving thread pays). In a worker: at every layer (tens a step on a
+# large model; vLLM asks `has_connector_metadata` before each layer's load and save), or
+# once a step to collect the inner connector's results or to end the step (the step's
+# state is reset where the next one binds its metadata).
 _STRAIGHT = (
     "has_connector_metadata",
     "wait_for_layer_load",
@@ -94,6 +97,19 @@ _STRAIGHT = (
     "get_kv_connector_stats",
     "get_kv_connector_kv_cache_events",
     "build_connector_worker_meta",
+)
+# On the scheduler side (the thread that schedules every step): once a step, or once a
+# request as it arrives, is scheduled or finishes.
+_STRAIGHT_SCHEDULER = (
+    "on_new_request",
+    "may_load_async",
+    "get_external_cache_hit_sources",
+    "get_loaded_kv_cache_group_ids",
+    "update_connector_output",
+    "take_events",
+    "has_pending_block_frees",
+    "has_pending_push_work",
+    "register_finished_partial_tail",
 )
 
 
@@ -176,11 +192,10 @@ class KVAuditConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._observation_failed = False
-        if worker:
-            for name in _STRAIGHT:
-                # Only what the running vLLM's base class declares (and so calls).
-                if hasattr(KVConnectorBase_V1, name):
-                    setattr(self, name, getattr(self._inner, name))
+        for name in _STRAIGHT if worker else _STRAIGHT_SCHEDULER:
+            # Only what the running vLLM's base class declares (and so calls).
+            if hasattr(KVConnectorBase_V1, name):
+                setattr(self, name, getattr(self._inner, name))
         # Scheduler side with `prevent`: the tag every request's LMCache keys carry.
         self._prevent_tag: dict[str, str] | None = None
         if not worker:
@@ -392,12 +407,16 @@ class KVAuditConnector(KVConnectorBase_V1):
         if self._prevent_tag is not None:
             # Before LMCache reads the request's configuration (lookup, then its tracker).
             self._observed(tag_request, request, self._prevent_tag)
+        # A request that arrived with a W3C trace context: its lookup is a span of that trace,
+        # as its loads and saves are (their plans carry the context to the workers).
+        traced = getattr(request, "trace_headers", None)
         lookup = self._emitter.operation(
             Op.LOOKUP,
             hook=Hook.VLLM_CONNECTOR,
             request_id=external_request_id(request.request_id),
             backend=self._format.backend,
             tokens_requested=request.num_prompt_tokens,
+            parent=remote_parent(self._observed(trace_parent, request)) if traced else None,
         )
         try:
             matched, load_async = self._inner.get_num_new_matched_tokens(request, num_computed_tokens)
@@ -417,14 +436,18 @@ class KVAuditConnector(KVConnectorBase_V1):
             outcome = Outcome.HIT
         else:
             outcome = Outcome.PARTIAL
-        for page in self._observed(self._prompt_pages, request, reachable, num_computed_tokens) or ():
-            lookup.add_page(page)
+        # The prompt's pages are described on the exporter thread, from a copy of its block
+        # hashes taken now (vLLM appends to the request's list as the request runs).
+        hashes = self._observed(prompt_hashes, request, reachable // block_size)
+        if hashes:
+            lookup.add_pages(functools.partial(self._prompt_pages, hashes, num_computed_tokens))
         lookup.end(outcome, tokens_hit=matched, tokens_local=num_computed_tokens, pages=matched // block_size, bytes=0)
         return matched, load_async
 
-    def _prompt_pages(self, request: Request, reachable: int, local_tokens: int) -> list[PageDescriptor]:
-        """The prompt's blocks vLLM could reuse, as a lookup names them (docs/design.md section 3.5):
-        key, hash algorithm and tokens; `tier=gpu` for those already in its prefix cache."""
+    def _prompt_pages(self, hashes: list[bytes], local_tokens: int) -> list[PageDescriptor]:
+        """The prompt's blocks vLLM could reuse (`hashes`, those of its full blocks up to the
+        last computed token), as a lookup names them (docs/design.md section 3.5): key, hash
+        algorithm and tokens; `tier=gpu` for those already in its prefix cache."""
         size, algo = self._geometry.block_size, self._geometry.hash_algo
         return [
             PageDescriptor(
@@ -434,7 +457,7 @@ class KVAuditConnector(KVConnectorBase_V1):
                 token_end=(index + 1) * size,
                 tier=Tier.GPU.value if (index + 1) * size <= local_tokens else None,
             )
-            for index, key in enumerate(block_keys(request)[: reachable // size])
+            for index, key in enumerate(hex_keys(hashes))
         ]
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> Any:

@@ -8,13 +8,13 @@ metadata, next to the inner connector's own metadata.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from vllm import envs
 from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
@@ -51,10 +51,7 @@ class RequestPlan:
     trace_parent: tuple[int, int] | None = None
 
     def parent_context(self) -> SpanContext | None:
-        if self.trace_parent is None:
-            return None
-        trace_id, span_id = self.trace_parent
-        return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags.SAMPLED)
+        return remote_parent(self.trace_parent)
 
 
 @dataclass
@@ -67,7 +64,8 @@ class KVAuditMetadata(KVConnectorMetadata):
 
 def external_request_id(req_id: str) -> str:
     """The client's request id, as vLLM's `llm_request` span reports it."""
-    if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION") or len(req_id) <= _RANDOM_SUFFIX_LEN:
+    # vLLM's own reading of its switch ("0" is off), cached by vLLM once its engine is up.
+    if envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION or len(req_id) <= _RANDOM_SUFFIX_LEN:
         return req_id
     return req_id[:-_RANDOM_SUFFIX_LEN] if req_id[-_RANDOM_SUFFIX_LEN] == "-" else req_id
 
@@ -83,9 +81,27 @@ def trace_parent(request: Request) -> tuple[int, int] | None:
     return (span_context.trace_id, span_context.span_id) if span_context.is_valid else None
 
 
+def remote_parent(trace_parent: tuple[int, int] | None) -> SpanContext | None:
+    """The span context a request's spans are children of (`trace_parent`'s), or None."""
+    if trace_parent is None:
+        return None
+    trace_id, span_id = trace_parent
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags.SAMPLED)
+
+
 def block_keys(request: Request) -> list[str]:
     """The page keys of the request's full blocks, in token order: vLLM's block hashes in hex."""
-    return [bytes(block_hash).hex() for block_hash in request.block_hashes]
+    return hex_keys(request.block_hashes)
+
+
+def prompt_hashes(request: Request, blocks: int) -> list[bytes]:
+    """The block hashes of the request's first `blocks` full blocks: a copy."""
+    return request.block_hashes[:blocks]
+
+
+def hex_keys(block_hashes: Iterable[bytes]) -> list[str]:
+    """Page keys of vLLM block hashes (`BlockHash`, bytes), in their order."""
+    return [bytes(block_hash).hex() for block_hash in block_hashes]
 
 
 def plan_for(request: Request, block_ids: list[int], load_tokens: int, local_tokens: int) -> RequestPlan:

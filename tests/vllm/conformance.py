@@ -92,6 +92,7 @@ def main(model_dir: str, work: Path, out: Path) -> None:
         "forwarding": forwarding(base, work),
         "class_hooks": class_hooks(base, work),
         "plans": plans(base, work),
+        "traced": traced(base, work),
         "aggregator": aggregator(base, work),
         "steps": steps(base, work),
         "roles": roles(base, work),
@@ -229,7 +230,9 @@ def _forwarded(wrapper: Any, name: str, member: Any) -> dict[str, Any]:
         returned = "equal"
     else:
         returned = repr(answer)
-    return {"calls": [call[0] for call in calls], "same_arguments": same, "returned": returned}
+    # A method bound on the instance straight to the inner connector's: no wrapper frame.
+    straight = not isinstance(member, property) and getattr(wrapper, name) == getattr(inner, name)
+    return {"calls": [call[0] for call in calls], "same_arguments": same, "returned": returned, "straight": straight}
 
 
 def _same_call(call: tuple[str, tuple[Any, ...], dict[str, Any]], expected: tuple[Any, ...]) -> bool:
@@ -407,6 +410,38 @@ def plans(base: VllmConfig, work: Path) -> dict[str, Any]:
         }
         for plan in meta.plans
     }
+
+
+def traced(base: VllmConfig, work: Path) -> dict[str, Any]:
+    """A request that arrived with a W3C trace context, looked up, planned, then loaded:
+    (trace id, parent span id) of each kvaudit span, and those the context named."""
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    scheduler = _wrapper(base, work, KVAuditConnector, KVConnectorRole.SCHEDULER, RECORDING)
+    request = _request("traced", 3 * BLOCK)
+    request.trace_headers = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+    scheduler.get_num_new_matched_tokens(request, 0)
+    scheduler.update_state_after_alloc(request, Arg("blocks"), BLOCK)
+    output = SchedulerOutput.make_empty()
+    output.scheduled_new_reqs = [
+        NewRequestData.from_request(request, ([1, 2, 3],), prefill_token_ids=list(request.prompt_token_ids))
+    ]
+    meta = scheduler.build_connector_meta(output)
+    worker = _wrapper(base, work, KVAuditConnector, KVConnectorRole.WORKER, RECORDING)
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(Arg("forward context"))
+    worker.wait_for_save()
+    spans: dict[str, Any] = {"sent": [trace_id, parent_id]}
+    for wrapper in (scheduler, worker):
+        export = wrapper._settings.export
+        wrapper.shutdown()
+        for line in Path(export.removeprefix("file:")).read_text().splitlines():
+            for resource in json.loads(line)["resourceSpans"]:
+                for scope in resource["scopeSpans"]:
+                    for span in scope["spans"]:
+                        spans[span["name"]] = [span["traceId"], span.get("parentSpanId")]
+    return spans
 
 
 def aggregator(base: VllmConfig, work: Path) -> dict[str, Any]:
