@@ -408,7 +408,8 @@ class KVAuditConnector(KVConnectorBase_V1):
             # Before LMCache reads the request's configuration (lookup, then its tracker).
             self._observed(tag_request, request, self._prevent_tag)
         # A request that arrived with a W3C trace context: its lookup is a span of that trace,
-        # as its loads and saves are (their plans carry the context to the workers).
+        # as its loads and saves are (their plans carry the context to the workers). Its
+        # headers are looked at here first, so that an untraced request makes no call.
         traced = getattr(request, "trace_headers", None)
         lookup = self._emitter.operation(
             Op.LOOKUP,
