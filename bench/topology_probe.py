@@ -110,11 +110,20 @@ KvauditStorePlugin.batched_submit_put_task = _timed("lmcache_hook", KvauditStore
 _INNER: list[float] = []
 
 
-def _vllm_layer(function: Callable[..., Any]) -> Callable[..., Any]:
-    """A `KVAuditConnector` method, adding its time less the wrapped connector's to SECONDS["vllm_layer"]."""
+def _less_inner(
+    key: str,
+    function: Callable[..., Any],
+    before: Callable[[str], None] | None = None,
+    after: Callable[[str, float], None] | None = None,
+) -> Callable[..., Any]:
+    """A `KVAuditConnector` method, adding its time less the wrapped connector's to SECONDS[key];
+    `before` and `after` (given the method's name, and its own time) run outside the clock."""
+    name = function.__name__
 
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before(name)
         _INNER.clear()
         started = time.thread_time()
         try:
@@ -123,7 +132,9 @@ def _vllm_layer(function: Callable[..., Any]) -> Callable[..., Any]:
             own = time.thread_time() - started
             if len(_INNER) >= 2:
                 own -= _INNER[-1] - _INNER[0]
-            SECONDS["vllm_layer"] += own
+            SECONDS[key] += own
+            if after is not None:
+                after(name, own)
 
     return timed
 
@@ -140,7 +151,7 @@ _COLLECT = (
 )
 for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save", *_COLLECT):
     if hasattr(KVAuditConnector, _name):
-        setattr(KVAuditConnector, _name, _vllm_layer(getattr(KVAuditConnector, _name)))
+        setattr(KVAuditConnector, _name, _less_inner("vllm_layer", getattr(KVAuditConnector, _name)))
 
 
 def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -264,34 +275,20 @@ _SCHEDULER = (
 SCHEDULER_FIRST: dict[str, float] = {}  # SECONDS when the warm-up request finished
 
 
-def _scheduler_side(function: Callable[..., Any]) -> Callable[..., Any]:
-    """A `KVAuditConnector` scheduler-side method: its time less the wrapped connector's, to
-    SECONDS["vllm_scheduler"]; the totals written to `$KVAUDIT_PROBE_OUT.scheduler`."""
+def _scheduler_first_step(name: str) -> None:
+    if name == "request_finished" and not SCHEDULER_FIRST:
+        # The warm-up request, alone, is the first to finish: what it took is one-time.
+        _flush_exporters()
+        SECONDS["exporters"] = _exporters_cpu()
+        SCHEDULER_FIRST.update(SECONDS)
+        threading.Thread(target=_sample_exporters, args=(_write_scheduler,), daemon=True).start()
 
-    @functools.wraps(function)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        if function.__name__ == "request_finished" and not SCHEDULER_FIRST:
-            # The warm-up request, alone, is the first to finish: what it took is one-time.
-            _flush_exporters()
-            SECONDS["exporters"] = _exporters_cpu()
-            SCHEDULER_FIRST.update(SECONDS)
-            sampler = threading.Thread(target=_sample_exporters, args=(_write_scheduler,), daemon=True)
-            sampler.start()
-        _INNER.clear()
-        started = time.thread_time()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            own = time.thread_time() - started
-            if len(_INNER) >= 2:
-                own -= _INNER[-1] - _INNER[0]
-            SECONDS["vllm_scheduler"] += own
-            SECONDS[f"vllm_scheduler.{function.__name__}"] += own
-            CALLS[f"vllm_scheduler.{function.__name__}"] += 1
-            if function.__name__ in ("build_connector_meta", "request_finished"):
-                _write_scheduler()
 
-    return timed
+def _scheduler_call(name: str, own: float) -> None:
+    SECONDS[f"vllm_scheduler.{name}"] += own
+    CALLS[f"vllm_scheduler.{name}"] += 1
+    if name in ("build_connector_meta", "request_finished"):
+        _write_scheduler()
 
 
 def _write_scheduler() -> None:
@@ -304,7 +301,8 @@ def _write_scheduler() -> None:
 
 for _name in _SCHEDULER:
     if hasattr(KVAuditConnector, _name):
-        setattr(KVAuditConnector, _name, _scheduler_side(getattr(KVAuditConnector, _name)))
+        method = getattr(KVAuditConnector, _name)
+        setattr(KVAuditConnector, _name, _less_inner("vllm_scheduler", method, _scheduler_first_step, _scheduler_call))
     if hasattr(CPULMCacheConnectorV1, _name):
         setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
 # Made once, not at each call.

@@ -116,19 +116,14 @@ def test_calls_the_scheduler_makes_at_every_step_reach_the_wrapped_connector_wit
     """On the scheduler side, what vLLM calls each step or as each request arrives, is scheduled
     or finishes, where kvaudit observes nothing, is the wrapped connector's method itself: no
     forwarder runs on the thread that schedules every step (docs/design.md section 6.1)."""
-    expected = {
-        "on_new_request",
-        "get_external_cache_hit_sources",
-        "get_loaded_kv_cache_group_ids",
-        "update_connector_output",
-        "take_events",
-        "has_pending_block_frees",
-        "has_pending_push_work",
-        "register_finished_partial_tail",
-    }
-    if _at_least(release, "0.34.0"):
-        expected.add("may_load_async")
-    for wrapper_role, observed in _report(reports, release)["forwarding"].items():
+    from kvaudit.hooks.vllm.connector import _STRAIGHT_SCHEDULER
+
+    report = _report(reports, release)
+    # Each a method of this release's interface (`may_load_async` since 0.34).
+    expected = set(_STRAIGHT_SCHEDULER) & set(report["interface"]["base"])
+    assert ("may_load_async" in expected) == _at_least(release, "0.34.0")
+    assert {"update_connector_output", "take_events", "on_new_request"} <= expected
+    for wrapper_role, observed in report["forwarding"].items():
         if wrapper_role.endswith("/SCHEDULER"):
             assert {name for name, seen in observed.items() if seen["straight"]} == expected, wrapper_role
 
