@@ -446,15 +446,22 @@ def test_settings_require_wrap_and_replica() -> None:
 
 
 def test_external_request_id_strips_vllms_suffix(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvaudit.hooks.vllm.plans import external_request_id
+    from kvaudit.hooks.vllm.plans import external_request_id, ids_suffixed
 
     assert external_request_id("chat-42-0a1b2c3d") == "chat-42"
     assert external_request_id("0-0a1b2c3d") == "0"
-    # As vLLM reads its switch: "0" leaves the suffix on, and so stripped here.
-    monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0")
-    assert external_request_id("chat-42-0a1b2c3d") == "chat-42"
-    monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "1")
-    assert external_request_id("chat-42-0a1b2c3d") == "chat-42-0a1b2c3d"
+    try:
+        # As vLLM reads its switch: "0" leaves the suffix on, and so stripped here. The
+        # switch is read once a process: each setting here is read afresh.
+        monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0")
+        ids_suffixed.cache_clear()
+        assert external_request_id("chat-42-0a1b2c3d") == "chat-42"
+        monkeypatch.setenv("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "1")
+        ids_suffixed.cache_clear()
+        assert external_request_id("chat-42-0a1b2c3d") == "chat-42-0a1b2c3d"
+    finally:
+        monkeypatch.undo()
+        ids_suffixed.cache_clear()
 
 
 def _geometry() -> Any:
