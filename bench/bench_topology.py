@@ -153,7 +153,7 @@ def _run(name: str, spec: dict[str, Any], root: Path) -> dict[str, Any]:
         raise RuntimeError(f"replica {name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     figures = json.loads(probe.read_text())
     scheduler = Path(f"{probe}.scheduler")
-    if scheduler.exists():  # the EngineCore process's clocks (vLLM's scheduler side)
+    if scheduler.exists():
         figures["scheduler"] = json.loads(scheduler.read_text())
     figures["cached"] = int(next(line for line in proc.stdout.splitlines() if line.startswith("CACHED")).split()[1])
     return figures
@@ -171,20 +171,23 @@ def _wait_listening(port: int, timeout_s: float = 60) -> None:
             time.sleep(0.2)
 
 
-def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
+def _since_warm_up(figures: dict[str, Any]) -> defaultdict[str, float]:
+    """A process's clocks since its warm-up request: its totals less those of `first_step`."""
     first = figures["first_step"]
-    seconds = defaultdict(float, {name: value - first.get(name, 0.0) for name, value in figures["seconds"].items()})
+    return defaultdict(float, {name: value - first.get(name, 0.0) for name, value in figures["seconds"].items()})
+
+
+def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
+    seconds = _since_warm_up(figures)
     # The transfer's wall time without the hook's CPU time inside it.
     engine = seconds[f"engine_{side}_wall"] - seconds[f"engine_{side}_hook"]
     vllm_layer = seconds["vllm_layer"]
     lmcache_hook = seconds["lmcache_hook"]
-    scheduler = figures.get("scheduler", {})
-    scheduler_side = scheduler.get("seconds", {}).get("vllm_scheduler", 0.0) - scheduler.get("first_step", {}).get(
-        "vllm_scheduler", 0.0
-    )
+    # The EngineCore process's clocks (vLLM's scheduler side), where it wrote them.
+    scheduler = _since_warm_up(figures.get("scheduler", {"seconds": {}, "first_step": {}}))
+    scheduler_side = scheduler["vllm_scheduler"]
     hooks = vllm_layer + lmcache_hook + scheduler_side
-    exporters = seconds["exporters"] + scheduler.get("seconds", {}).get("exporters", 0.0)
-    exporters -= scheduler.get("first_step", {}).get("exporters", 0.0)
+    exporters = seconds["exporters"] + scheduler["exporters"]
     steps = figures["calls"]["steps"] - figures["first_step_calls"].get("steps", 0)
     us = 1e6
     print(

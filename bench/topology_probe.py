@@ -26,7 +26,9 @@ shares the cores) and, for the engine's transfers, the wall clock too:
 - `KVAuditConnector`'s scheduler-side calls, in the EngineCore process (vLLM's CPU build
   runs its worker in a process of its own; on one GPU the worker shares the scheduler's
   thread): every one vLLM's scheduler makes per request or per step (`_SCHEDULER`),
-  less the wrapped connector's call inside each, as for the worker. That process writes
+  less the wrapped connector's call inside each, as for the worker; one bound straight to
+  the wrapped connector (`_STRAIGHT_SCHEDULER`) has no wrapper frame and counts nothing.
+  That process writes
   its totals to `$KVAUDIT_PROBE_OUT.scheduler` at each `build_connector_meta` and
   `request_finished` and, from the warm-up's end on, every quarter second with its
   exporter thread's CPU; and those taken when the warm-up request finished (`first_step`),

@@ -434,13 +434,7 @@ def traced(base: VllmConfig, work: Path) -> dict[str, Any]:
     worker.wait_for_save()
     spans: dict[str, Any] = {"sent": [trace_id, parent_id]}
     for wrapper in (scheduler, worker):
-        export = wrapper._settings.export
-        wrapper.shutdown()
-        for line in Path(export.removeprefix("file:")).read_text().splitlines():
-            for resource in json.loads(line)["resourceSpans"]:
-                for scope in resource["scopeSpans"]:
-                    for span in scope["spans"]:
-                        spans[span["name"]] = [span["traceId"], span.get("parentSpanId")]
+        spans.update({span.name: [span.traceId, span.parentSpanId] for span in _exported_spans(wrapper)})
     return spans
 
 
@@ -509,17 +503,22 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
         for name in ("has_connector_metadata", "wait_for_layer_load", "save_kv_layer", "clear_connector_metadata")
         if getattr(wrapper, name) == getattr(inner, name)
     ]
+    names = [span.name for span in _exported_spans(wrapper)]
+    observed["spans"] = {op: names.count(f"kvaudit.{op}") for op in ("fetch", "store")}
+    return observed
+
+
+def _exported_spans(wrapper: Any) -> list[Any]:
+    """Shut `wrapper` down and read back the spans its exporter wrote."""
     export = wrapper._settings.export
     wrapper.shutdown()
-    names = [
-        span.name
+    return [
+        span
         for line in Path(export.removeprefix("file:")).read_bytes().splitlines()
         for resource in HEAD_DECODER.decode(line).resourceSpans
         for scope in resource.scopeSpans
         for span in scope.spans
     ]
-    observed["spans"] = {op: names.count(f"kvaudit.{op}") for op in ("fetch", "store")}
-    return observed
 
 
 class _Warnings(logging.Handler):
