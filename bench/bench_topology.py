@@ -11,12 +11,17 @@ The hooks' work is per call, per request and per page, not per byte or per layer
 share of the engine it takes falls as the pages grow. Requests come one at a time, each
 in engine steps of its own, and also all together, as a serving replica receives them:
 vLLM batches them, and the vLLM layer's calls at each step serve every request of the
-step. Clocks inside each worker and scheduler (bench/topology_probe.py) measure, in the
-same run, the engine's store and fetch (wall time of LMCache with its copy, pool transfer
-and lookup release, the hooks taken off) and the CPU time of the LMCache hook's own work
-and of the vLLM layer's own work, in the worker and on the scheduler's side (its lookup
-of each request and the plans it sends the worker), after a warm-up request (the first step holds one-time
-costs, such as the LMCache hook making its emitter). The exporter threads, which build,
+step; one deployment has each request generate 32 tokens, its decode steps storing and
+fetching nothing. Clocks inside each worker and scheduler (bench/topology_probe.py)
+measure, in the same run, the engine's store and fetch (wall time of LMCache with its
+copy, pool transfer and lookup release, the hooks taken off, and its CPU time on the
+serving thread) and the CPU time of the LMCache hook's own work and of the vLLM layer's
+own work, in the worker and on the scheduler's side (its lookup of each request and the
+plans it sends the worker), after a warm-up request (the first step holds one-time
+costs, such as the LMCache hook making its emitter). Garbage collections are taken off
+every clock and each part is given its share of them by the allocations it makes
+(`_gc_share`). The steps with nothing to store or fetch are reported on their own too:
+the hooks' time in each beside the worker's step. The exporter threads, which build,
 encode and write the spans off the serving thread, are reported apart: CPU that serving
 does not wait for, except where it waits for the GIL (docs/design.md section 2).
 
@@ -43,14 +48,17 @@ REQUESTS = 8
 PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
 CHUNK, BLOCK = 256, 32
 # The deployments measured, by name: the layers of the model's KV cache (what a page
-# holds), and whether the requests arrive together (vLLM then batches them: 4 prompts a
+# holds), whether the requests arrive together (vLLM then batches them: 4 prompts a
 # step on the producer, its token budget on CPU; every prompt in one step on the
-# consumer, whose steps compute one token a prompt) or one at a time.
+# consumer, whose steps compute one token a prompt) or one at a time, and the tokens
+# each request generates (past the first, each a decode step with nothing to store or
+# fetch, in which the hooks' calls still run).
 RUNS = {
-    "4 layers": (4, False),
-    "4 layers, the requests sent together": (4, True),
-    "32 layers (Llama-3-8B's KV geometry)": (32, False),
-    "32 layers, the requests sent together": (32, True),
+    "4 layers": (4, False, 1),
+    "4 layers, the requests sent together": (4, True, 1),
+    "4 layers, the requests sent together, 32 tokens each": (4, True, 32),
+    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1),
+    "32 layers, the requests sent together": (32, True, 1),
 }
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -125,9 +133,10 @@ def replica(spec: dict[str, Any]) -> None:
         max_model_len=2048,
         kv_transfer_config=KVTransferConfig(**spec["transfer"]),
     )
-    # One token: a request's prompt is all its engine steps do. The first prompt warms up
-    # (one-time costs), alone; the rest come one at a time or all together.
-    params = SamplingParams(temperature=0, max_tokens=1, detokenize=False, ignore_eos=True)
+    # One token: a request's prompt is all its engine steps do; more, and decode steps follow.
+    # The first prompt warms up (one-time costs), alone; the rest come one at a time or all
+    # together.
+    params = SamplingParams(temperature=0, max_tokens=spec["tokens"], detokenize=False, ignore_eos=True)
     warm_up, *measured = [TokensPrompt(prompt_token_ids=prompt) for prompt in _prompts()]
     llm.generate([warm_up], params, use_tqdm=False)
     batches = [measured] if spec["together"] else [[prompt] for prompt in measured]
@@ -171,33 +180,82 @@ def _wait_listening(port: int, timeout_s: float = 60) -> None:
             time.sleep(0.2)
 
 
-def _since_warm_up(figures: dict[str, Any]) -> defaultdict[str, float]:
-    """A process's clocks since its warm-up request: its totals less those of `first_step`."""
-    first = figures["first_step"]
-    return defaultdict(float, {name: value - first.get(name, 0.0) for name, value in figures["seconds"].items()})
+def _since_warm_up(totals: dict[str, float], first: dict[str, float]) -> defaultdict[str, float]:
+    """A process's clocks or counts since its warm-up request: `totals` less those at its end (`first`)."""
+    return defaultdict(float, {name: value - first.get(name, 0) for name, value in totals.items()})
+
+
+def _gc_share(seconds: dict[str, float], calls: dict[str, float], key: str) -> float:
+    """The CPU of the process's garbage collections (every thread's) that falls to the work
+    clocked under `key`: its share of the process's net allocations of the objects the
+    collector tracks. A collection comes once a set number of them is reached, on whichever
+    thread makes the last: where it runs says little of what brought it on. The share
+    counts what `key`'s work allocated and not what the exporter threads free of it
+    later, which puts collections off: an upper estimate."""
+    allocations = calls["allocations"]
+    return seconds["gc"] * max(calls[f"{key}.allocations"], 0) / allocations if allocations > 0 else 0.0
 
 
 def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
-    seconds = _since_warm_up(figures)
-    # The transfer's wall time without the hook's CPU time inside it.
+    seconds = _since_warm_up(figures["seconds"], figures["first_step"])
+    calls = _since_warm_up(figures["calls"], figures["first_step_calls"])
+    # The transfer's wall time without the hook's CPU time inside it; and its CPU time on the
+    # serving thread: a wall time holds waits for the other processes on the same cores (the
+    # pool's server, the other replica's), and a thread's CPU time leaves out what LMCache
+    # does on threads of its own (its remote backend's sends): the share of the one is a
+    # low estimate, of the other a high one.
     engine = seconds[f"engine_{side}_wall"] - seconds[f"engine_{side}_hook"]
-    vllm_layer = seconds["vllm_layer"]
-    lmcache_hook = seconds["lmcache_hook"]
+    engine_cpu = seconds[f"engine_{side}"] - seconds[f"engine_{side}_hook"]
     # The EngineCore process's clocks (vLLM's scheduler side), where it wrote them.
-    scheduler = _since_warm_up(figures.get("scheduler", {"seconds": {}, "first_step": {}}))
-    scheduler_side = scheduler["vllm_scheduler"]
+    sched = figures.get("scheduler", {"seconds": {}, "first_step": {}, "calls": {}, "first_step_calls": {}})
+    scheduler = _since_warm_up(sched["seconds"], sched["first_step"])
+    scheduler_calls = _since_warm_up(sched["calls"], sched["first_step_calls"])
+    # Each part's own work, and its share of its process's garbage collections.
+    parts = (
+        (seconds, calls, "vllm_layer"),
+        (scheduler, scheduler_calls, "vllm_scheduler"),
+        (seconds, calls, "lmcache_hook"),
+    )
+    shares = [_gc_share(clocks, counts, key) for clocks, counts, key in parts]
+    vllm_layer, scheduler_side, lmcache_hook = (clocks[key] + share for (clocks, _, key), share in zip(parts, shares))
     hooks = vllm_layer + lmcache_hook + scheduler_side
+    collections = sum(shares)
+    inside = seconds["vllm_layer.gc"] + seconds["lmcache_hook.gc"] + scheduler["vllm_scheduler.gc"]
     exporters = seconds["exporters"] + scheduler["exporters"]
-    steps = figures["calls"]["steps"] - figures["first_step_calls"].get("steps", 0)
+    steps = calls["steps"]
     us = 1e6
     print(
         f"{side:<5} ({steps} steps) engine {engine / REQUESTS * 1e3:8.2f} ms/request "
-        f"{engine / pages * 1e3:7.2f} ms/chunk   "
-        f"hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
+        f"{engine / pages * 1e3:7.2f} ms/chunk ({engine_cpu / REQUESTS * 1e3:.2f} ms/request CPU on the serving "
+        f"thread)   hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
         f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f} in the worker, "
         f"{scheduler_side / REQUESTS * us:6.1f} in the scheduler, "
         f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
-        f"(goal < 1%); exporter threads {exporters / REQUESTS * us:6.1f} us/request, off the serving thread"
+        f"wall time, {hooks / engine_cpu:6.2%} of its CPU (goal < 1%); exporter threads "
+        f"{exporters / REQUESTS * us:6.1f} us/request, off the serving thread; garbage collection: the hooks' "
+        f"share {collections / REQUESTS * us:5.1f} us/request (counted above), collections run inside their calls "
+        f"{inside / REQUESTS * us:6.1f} us/request (not counted)"
+    )
+    _report_idle_steps(seconds, calls, scheduler, scheduler_calls)
+
+
+def _report_idle_steps(
+    seconds: dict[str, float], calls: dict[str, float], scheduler: dict[str, float], scheduler_calls: dict[str, float]
+) -> None:
+    """The steps with nothing for kvaudit to observe (decode steps, steps that only collect
+    finished requests): what the hooks' calls take in each (counted in the figures above
+    too), beside the worker's step; their own work, without collections."""
+    idle, idle_metas = calls["idle_steps"], scheduler_calls["idle_steps"]
+    if not idle or not idle_metas:
+        return
+    worker = seconds["vllm_layer.idle"] / idle
+    planner = scheduler["vllm_scheduler.idle"] / idle_metas
+    step = seconds["idle_step_wall"] / idle
+    us = 1e6
+    print(
+        f"      {idle:.0f} of {calls['steps']:.0f} steps with nothing to store or fetch: hooks "
+        f"{(worker + planner) * us:5.1f} us a step (vLLM layer {worker * us:5.1f} in the worker, {planner * us:5.1f} "
+        f"in the scheduler) against the worker's step {step * 1e3:6.2f} ms wall: {(worker + planner) / step:6.2%}"
     )
 
 
@@ -211,11 +269,11 @@ def main(argv: list[str] | None = None) -> None:
         print("skipped: vllm and lmcache are not installed (scripts/install-vllm.sh, install-lmcache.sh)")
         return
     print(machine())
-    for label, (layers, together) in RUNS.items():
-        _measure(label, layers, together)
+    for label, (layers, together, tokens) in RUNS.items():
+        _measure(label, layers, together, tokens)
 
 
-def _measure(label: str, layers: int, together: bool) -> None:
+def _measure(label: str, layers: int, together: bool, tokens: int) -> None:
     """One deployment (server, producer, consumer) of a model `layers` deep, and its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -234,7 +292,12 @@ def _measure(label: str, layers: int, together: bool) -> None:
             model = str(root / "model")
             figures = {}
             for name in ("producer", "consumer"):
-                spec = {"model": model, "transfer": _transfer(name, url, root, layers), "together": together}
+                spec = {
+                    "model": model,
+                    "transfer": _transfer(name, url, root, layers),
+                    "together": together,
+                    "tokens": tokens,
+                }
                 figures[name] = _run(name, spec, root)
         finally:
             server.terminate()

@@ -33,6 +33,22 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   `request_finished` and, from the warm-up's end on, every quarter second with its
   exporter thread's CPU; and those taken when the warm-up request finished (`first_step`),
   its spans exported first.
+- The cyclic garbage collector. A collection runs on whichever thread allocates past the
+  collector's threshold and collects the whole process's young objects there: where one
+  runs says little of what brought it on. Its CPU time is kept out of every clock above,
+  per thread (`<clock>.gc` holds what ran inside each), and each clock counts the net
+  allocations of the objects the collector tracks that its own work made
+  (`<clock>.allocations`, the wrapped connector's taken off); each process writes the CPU
+  of its automatic collections on all its threads (`gc`; `gc.collect()` calls, vLLM's and
+  LMCache's at shutdown, apart as `gc_called`) and its net allocations (`allocations`).
+  bench_topology gives each part the share of the collections its allocations make.
+- The steps with nothing for kvaudit: the worker's steps in which the vLLM layer has no
+  unit (decode steps, and steps that only collect finished requests) and the scheduler's
+  `build_connector_meta` calls that plan no request: the vLLM layer's own time in them
+  (`vllm_layer.idle`, `vllm_scheduler.idle`, counted in the totals too), their number
+  (`idle_steps`) and the worker's wall time from `bind_connector_metadata` to
+  `clear_connector_metadata`, the step's last connector call (`idle_step_wall`; the other
+  steps' `step_wall`).
 
 Off the serving thread, the CPU time of the process's exporter threads
 (`kvaudit-exporter`, one per emitter: the vLLM layer's on each side, the LMCache hook's),
@@ -51,6 +67,7 @@ that the warm-up's spans are exported before the measured requests.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import threading
@@ -70,17 +87,73 @@ CALLS: defaultdict[str, int] = defaultdict(int)
 FIRST_STEP: dict[str, float] = {}  # SECONDS at the end of the first engine step
 FIRST_STEP_CALLS: dict[str, int] = {}  # and CALLS
 
+# The cyclic garbage collector runs on whichever thread allocates past its threshold, and
+# collects the whole process's young objects there: a hook's call can hold a collection
+# the engine's allocations brought about, and the other way round. Its CPU time is kept
+# out of every clock (counted apart, `<name>.gc`), per thread, and so are the net
+# allocations of the objects it tracks (what brings a collection on), so that the
+# benchmark can give the hooks their share of the process's collections
+# (bench_topology `_gc_share`).
+_GC_SECONDS: defaultdict[int, float] = defaultdict(float)  # per thread ident
+_GC_STARTED: dict[int, tuple[float, bool]] = {}
+_COLLECTED = [0]  # the young generation's count at the start of each collection, summed
+
+
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    ident = threading.get_ident()
+    if phase == "start":
+        young = gc.get_count()[0]
+        _COLLECTED[0] += young
+        # Past the threshold: the collector's own; below it, a `gc.collect()` call (vLLM's
+        # and LMCache's at shutdown), which no allocation brought on.
+        _GC_STARTED[ident] = (time.thread_time(), young > gc.get_threshold()[0])
+    elif ident in _GC_STARTED:
+        started, automatic = _GC_STARTED.pop(ident)
+        spent = time.thread_time() - started
+        _GC_SECONDS[ident] += spent
+        SECONDS["gc" if automatic else "gc_called"] += spent
+
+
+gc.callbacks.append(_on_collection)
+
+
+def _allocations() -> int:
+    """Net allocations of the objects the collector tracks, in the process so far: its young
+    generation's count, which each collection resets, plus the count at each."""
+    return _COLLECTED[0] + gc.get_count()[0]
+
+
+def _counts() -> tuple[float, int]:
+    """This thread's CPU in collections so far, and the process's allocations: what a mark
+    holds besides the thread's CPU clock, which each mark reads on the clocked side of
+    these, so that the probe's own work falls outside the clock."""
+    return _GC_SECONDS[threading.get_ident()], _allocations()
+
+
+def _add(key: str, began: tuple[float, float, int], ended: tuple[float, float, int]) -> float:
+    """Count a call's own work (`began`, `ended`: its marks, CPU clock first, less any inner
+    call's) under `key`: its CPU less the collections that ran in it, which go to `key.gc`,
+    and its allocations, to CALLS[`key.allocations`]; returns the former."""
+    collecting = ended[1] - began[1]
+    own = ended[0] - began[0] - collecting
+    SECONDS[key] += own
+    SECONDS[f"{key}.gc"] += collecting
+    CALLS[f"{key}.allocations"] += ended[2] - began[2]
+    return own
+
 
 def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, adding the CPU seconds it takes to SECONDS[name]."""
+    """`function`, adding the CPU seconds it takes to SECONDS[name] (see `_add`)."""
 
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        counts = _counts()
         started = time.thread_time()
         try:
             return function(*args, **kwargs)
         finally:
-            SECONDS[name] += time.thread_time() - started
+            ended = time.thread_time()
+            _add(name, (started, *counts), (ended, *_counts()))
             CALLS[name] += 1
 
     return timed
@@ -109,34 +182,48 @@ fetch.finish = _timed("lmcache_hook", fetch.finish)
 fetch.end_lookup = _timed("lmcache_hook", fetch.end_lookup)
 KvauditStorePlugin.batched_submit_put_task = _timed("lmcache_hook", KvauditStorePlugin.batched_submit_put_task)
 # Where the wrapped connector's method began and ended, inside the vLLM layer's current call.
-_INNER: list[float] = []
+_INNER: list[tuple[float, float, int]] = []  # the marks
+
+
+def _inner_begins() -> None:
+    _INNER.append((time.thread_time(), *_counts()))
+
+
+def _inner_ends() -> None:
+    counts = _counts()
+    _INNER.append((time.thread_time(), *counts))
 
 
 def _less_inner(
     key: str,
     function: Callable[..., Any],
     before: Callable[[str], None] | None = None,
-    after: Callable[[str, float], None] | None = None,
+    after: Callable[[str, float, Any, Any], None] | None = None,
 ) -> Callable[..., Any]:
     """A `KVAuditConnector` method, adding its time less the wrapped connector's to SECONDS[key];
-    `before` and `after` (given the method's name, and its own time) run outside the clock."""
+    `before` (given the method's name) and `after` (given the name, its own time, the
+    connector and the method's answer) run outside the clock."""
     name = function.__name__
 
     @functools.wraps(function)
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    def timed(connector: Any, *args: Any, **kwargs: Any) -> Any:
         if before is not None:
             before(name)
         _INNER.clear()
+        answer = None
+        counts = _counts()
         started = time.thread_time()
         try:
-            return function(*args, **kwargs)
+            answer = function(connector, *args, **kwargs)
+            return answer
         finally:
-            own = time.thread_time() - started
+            ended = (time.thread_time(), *_counts())
             if len(_INNER) >= 2:
-                own -= _INNER[-1] - _INNER[0]
-            SECONDS[key] += own
+                inner = zip(_INNER[-1], _INNER[0], strict=True)
+                ended = tuple(end - (out - in_) for end, (out, in_) in zip(ended, inner, strict=True))
+            own = _add(key, (started, *counts), ended)
             if after is not None:
-                after(name, own)
+                after(name, own, connector, answer)
 
     return timed
 
@@ -151,9 +238,28 @@ _COLLECT = (
     "build_connector_worker_meta",
     "clear_connector_metadata",
 )
+# Whether the worker's current step has nothing for kvaudit (no unit: a decode step, or one
+# that collects finished requests), and when the step began (wall clock).
+_STEP: dict[str, Any] = {"idle": False, "began": 0.0}
+
+
+def _worker_call(name: str, own: float, connector: Any, answer: Any) -> None:
+    if name == "bind_connector_metadata":
+        _STEP["idle"] = not connector._units
+    if _STEP["idle"]:
+        SECONDS["vllm_layer.idle"] += own
+
+
 for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save", *_COLLECT):
     if hasattr(KVAuditConnector, _name):
-        setattr(KVAuditConnector, _name, _less_inner("vllm_layer", getattr(KVAuditConnector, _name)))
+        setattr(
+            KVAuditConnector, _name, _less_inner("vllm_layer", getattr(KVAuditConnector, _name), after=_worker_call)
+        )
+
+
+def _hook_seconds() -> float:
+    """The LMCache hook's CPU so far, with the collections that ran in it."""
+    return SECONDS["lmcache_hook"] + SECONDS["lmcache_hook.gc"]
 
 
 def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -161,11 +267,11 @@ def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def marked(*args: Any, **kwargs: Any) -> Any:
-        _INNER.append(time.thread_time())
+        _inner_begins()
         try:
             return function(*args, **kwargs)
         finally:
-            _INNER.append(time.thread_time())
+            _inner_ends()
 
     return marked
 
@@ -174,52 +280,75 @@ class ProbedLMCacheConnector(CPULMCacheConnectorV1):
     """`CPULMCacheConnectorV1` whose loads and saves are clocked (see the module docstring)."""
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
-        _INNER.append(time.thread_time())
+        _STEP["began"] = time.perf_counter()
+        _inner_begins()
         if CALLS["engine_store"] and not FIRST_STEP:
             # A step starts after the first one: every clock of that step has stopped.
-            _flush_exporters()
-            SECONDS["exporters"] = _exporters_cpu()
-            FIRST_STEP.update(SECONDS)
-            FIRST_STEP_CALLS.update(CALLS)
-            threading.Thread(target=_sample_exporters, name="kvaudit-probe", daemon=True).start()
+            _warmed_up(FIRST_STEP, FIRST_STEP_CALLS, _write)
         CALLS["steps"] += 1
         super().bind_connector_metadata(connector_metadata)
-        _INNER.append(time.thread_time())
+        _inner_ends()
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        _INNER.append(time.thread_time())
-        hook_before = SECONDS["lmcache_hook"]
+        _inner_begins()
+        hook_before = _hook_seconds()
         _LOAD(self, forward_context, **kwargs)
-        SECONDS["engine_fetch_hook"] += SECONDS["lmcache_hook"] - hook_before
-        _INNER.append(time.thread_time())
+        SECONDS["engine_fetch_hook"] += _hook_seconds() - hook_before
+        _inner_ends()
 
     def save_kv_layer(self, *args: Any, **kwargs: Any) -> None:
-        _INNER.append(time.thread_time())
-        hook_before = SECONDS["lmcache_hook"]
+        _inner_begins()
+        hook_before = _hook_seconds()
         _SAVE_LAYER(self, *args, **kwargs)
-        SECONDS["engine_store_hook"] += SECONDS["lmcache_hook"] - hook_before
-        _INNER.append(time.thread_time())
+        SECONDS["engine_store_hook"] += _hook_seconds() - hook_before
+        _inner_ends()
 
     def wait_for_save(self) -> None:
-        _INNER.append(time.thread_time())
-        hook_before = SECONDS["lmcache_hook"]
+        _inner_begins()
+        hook_before = _hook_seconds()
         _SAVE(self)
-        SECONDS["engine_store_hook"] += SECONDS["lmcache_hook"] - hook_before
+        SECONDS["engine_store_hook"] += _hook_seconds() - hook_before
         _write()
-        _INNER.append(time.thread_time())
+        _inner_ends()
+
+    def clear_connector_metadata(self) -> None:
+        # The step's last connector call: its wall time since `bind_connector_metadata`.
+        _inner_begins()
+        super().clear_connector_metadata()
+        idle = _STEP["idle"]
+        SECONDS["idle_step_wall" if idle else "step_wall"] += time.perf_counter() - _STEP["began"]
+        CALLS["idle_steps"] += idle
+        _inner_ends()
 
 
 _WRITING = threading.Lock()
 
 
+def _write_totals(path: str, first: dict[str, float], first_calls: dict[str, int]) -> None:
+    """The process's totals so far, and those at the end of its warm-up (`first`, `first_calls`)."""
+    CALLS["allocations"] = _allocations()
+    # Copies (each made in one step under the GIL): the serving thread may add a clock
+    # while the probe's thread writes.
+    totals = {"seconds": dict(SECONDS), "first_step": first, "calls": dict(CALLS), "first_step_calls": first_calls}
+    with _WRITING, open(path, "w") as file:
+        json.dump(totals, file)
+
+
 def _write() -> None:
     out = os.environ.get("KVAUDIT_PROBE_OUT")
     if out:
-        # Copies (each made in one step under the GIL): the serving thread may add a clock
-        # while the probe's thread writes.
-        totals = {"seconds": dict(SECONDS), "first_step": FIRST_STEP, "calls": dict(CALLS)}
-        with _WRITING, open(out, "w") as file:
-            json.dump({**totals, "first_step_calls": FIRST_STEP_CALLS}, file)
+        _write_totals(out, FIRST_STEP, FIRST_STEP_CALLS)
+
+
+def _warmed_up(first: dict[str, float], first_calls: dict[str, int], write: Callable[[], None]) -> None:
+    """The warm-up is over: its spans exported, the totals so far kept as its own (`first`,
+    `first_calls`), and from now on the totals written every quarter second (`write`)."""
+    _flush_exporters()
+    SECONDS["exporters"] = _exporters_cpu()
+    CALLS["allocations"] = _allocations()
+    first.update(SECONDS)
+    first_calls.update(CALLS)
+    threading.Thread(target=_sample_exporters, args=(write,), name="kvaudit-probe", daemon=True).start()
 
 
 def _exporter_threads() -> list[threading.Thread]:
@@ -249,7 +378,7 @@ def _flush_exporters() -> None:
             batcher.flush()
 
 
-def _sample_exporters(write: Callable[[], None] = _write) -> None:
+def _sample_exporters(write: Callable[[], None]) -> None:
     while True:
         time.sleep(0.25)
         SECONDS["exporters"] = _exporters_cpu()
@@ -257,7 +386,7 @@ def _sample_exporters(write: Callable[[], None] = _write) -> None:
 
 
 for _name in _COLLECT:
-    if hasattr(CPULMCacheConnectorV1, _name):
+    if hasattr(CPULMCacheConnectorV1, _name) and _name not in vars(ProbedLMCacheConnector):
         setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
 
 # The scheduler side, in the EngineCore process: the calls vLLM's scheduler makes into the
@@ -275,20 +404,22 @@ _SCHEDULER = (
     "get_loaded_kv_cache_group_ids",
 )
 SCHEDULER_FIRST: dict[str, float] = {}  # SECONDS when the warm-up request finished
+SCHEDULER_FIRST_CALLS: dict[str, int] = {}  # and CALLS
 
 
 def _scheduler_first_step(name: str) -> None:
     if name == "request_finished" and not SCHEDULER_FIRST:
         # The warm-up request, alone, is the first to finish: what it took is one-time.
-        _flush_exporters()
-        SECONDS["exporters"] = _exporters_cpu()
-        SCHEDULER_FIRST.update(SECONDS)
-        threading.Thread(target=_sample_exporters, args=(_write_scheduler,), daemon=True).start()
+        _warmed_up(SCHEDULER_FIRST, SCHEDULER_FIRST_CALLS, _write_scheduler)
 
 
-def _scheduler_call(name: str, own: float) -> None:
+def _scheduler_call(name: str, own: float, connector: Any, answer: Any) -> None:
     SECONDS[f"vllm_scheduler.{name}"] += own
     CALLS[f"vllm_scheduler.{name}"] += 1
+    if name == "build_connector_meta" and not getattr(answer, "plans", None):
+        # A step with no request whose blocks kvaudit follows.
+        SECONDS["vllm_scheduler.idle"] += own
+        CALLS["idle_steps"] += 1
     if name in ("build_connector_meta", "request_finished"):
         _write_scheduler()
 
@@ -296,9 +427,7 @@ def _scheduler_call(name: str, own: float) -> None:
 def _write_scheduler() -> None:
     out = os.environ.get("KVAUDIT_PROBE_OUT")
     if out:
-        totals = {"seconds": dict(SECONDS), "first_step": SCHEDULER_FIRST, "calls": dict(CALLS)}
-        with _WRITING, open(f"{out}.scheduler", "w") as file:
-            json.dump(totals, file)
+        _write_totals(f"{out}.scheduler", SCHEDULER_FIRST, SCHEDULER_FIRST_CALLS)
 
 
 for _name in _SCHEDULER:
