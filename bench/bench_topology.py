@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _measure(label: str, layers: int, together: bool, tokens: int) -> None:
-    """One deployment (server, producer, consumer) of a model `layers` deep, and its figures."""
+    """One deployment (server, producer, consumer) of a model `layers` deep, the requests
+    `together` or one at a time, each generating `tokens`; and its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "model").mkdir()

@@ -87,13 +87,8 @@ CALLS: defaultdict[str, int] = defaultdict(int)
 FIRST_STEP: dict[str, float] = {}  # SECONDS at the end of the first engine step
 FIRST_STEP_CALLS: dict[str, int] = {}  # and CALLS
 
-# The cyclic garbage collector runs on whichever thread allocates past its threshold, and
-# collects the whole process's young objects there: a hook's call can hold a collection
-# the engine's allocations brought about, and the other way round. Its CPU time is kept
-# out of every clock (counted apart, `<name>.gc`), per thread, and so are the net
-# allocations of the objects it tracks (what brings a collection on), so that the
-# benchmark can give the hooks their share of the process's collections
-# (bench_topology `_gc_share`).
+# The garbage collector's CPU per thread, and the allocations that bring it on (the module
+# docstring says why).
 _GC_SECONDS: defaultdict[int, float] = defaultdict(float)  # per thread ident
 _GC_STARTED: dict[int, tuple[float, bool]] = {}
 _COLLECTED = [0]  # the young generation's count at the start of each collection, summed
@@ -143,7 +138,9 @@ def _add(key: str, began: tuple[float, float, int], ended: tuple[float, float, i
 
 
 def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, adding the CPU seconds it takes to SECONDS[name] (see `_add`)."""
+    """`function`, adding the CPU seconds it takes to SECONDS[name] (see `_add`), and to
+    SECONDS[`name.function`]: what each function of the part takes."""
+    each = f"{name}.{function.__name__}"
 
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -153,8 +150,9 @@ def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
             return function(*args, **kwargs)
         finally:
             ended = time.thread_time()
-            _add(name, (started, *counts), (ended, *_counts()))
+            SECONDS[each] += _add(name, (started, *counts), (ended, *_counts()))
             CALLS[name] += 1
+            CALLS[each] += 1
 
     return timed
 
