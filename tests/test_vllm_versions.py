@@ -36,7 +36,9 @@ ADDED = {
 }
 # What the wrapper returns, where it is not the inner connector's answer itself.
 RETURNED = {
-    "build_connector_meta": "inner, wrapped",  # KVAuditMetadata around the inner metadata
+    # A step that plans no request (the conformance probe's): the inner metadata itself;
+    # KVAuditMetadata around it where one does (test_plans_cover_new_and_resumed_requests).
+    "build_connector_meta": "inner",
     "get_num_new_matched_tokens": "equal",  # the same (tokens, load_async), unpacked to trace it
 }
 # Connectors whose optional packages this machine has: their class-level hooks are asked.

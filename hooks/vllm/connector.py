@@ -11,8 +11,9 @@ How it is built, for those who build on it:
   member of each supported release.
 - The methods defined here are the ones the wrapper observes, each of which calls the
   inner connector's own exactly once with the same arguments (the wrapper's metadata
-  replaced by the inner's) and returns its answer (`build_connector_meta` wraps it,
-  `get_block_ids_with_load_errors` adds the guard's rejected blocks):
+  replaced by the inner's) and returns its answer (`build_connector_meta` wraps it
+  where the step plans a request, `get_block_ids_with_load_errors` adds the guard's
+  rejected blocks):
 
   Scheduler side (EngineCore process): a `kvaudit.lookup` span per
   `get_num_new_matched_tokens`, naming the prompt's pages (docs/design.md section
@@ -234,10 +235,13 @@ class KVAuditConnector(KVConnectorBase_V1):
         # `clear_connector_metadata` goes straight to it.
         self._stores_open = False
         if isinstance(connector_metadata, KVAuditMetadata):
-            self._units = self._observed(self._format.units, connector_metadata.inner, connector_metadata.plans) or []
-            return self._inner.bind_connector_metadata(connector_metadata.inner)
-        self._units = []
-        return self._inner.bind_connector_metadata(connector_metadata)
+            inner, plans = connector_metadata.inner, connector_metadata.plans
+        else:
+            # A step with no plan: the scheduler sent the inner connector's metadata as it is
+            # (`build_connector_meta`); a format may still follow a request planned before.
+            inner, plans = connector_metadata, []
+        self._units = self._observed(self._format.units, inner, plans) or []
+        return self._inner.bind_connector_metadata(inner)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> Any:
         self._kv_caches = kv_caches
@@ -469,7 +473,12 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         inner_meta = self._inner.build_connector_meta(scheduler_output)
-        return KVAuditMetadata(inner_meta, self._plans(scheduler_output))
+        plans = self._plans(scheduler_output)
+        # A step with no plan (a decode step, one that collects finished requests) sends the
+        # inner connector's metadata as it is: vLLM pickles it to every worker and each worker
+        # unpickles it on its serving thread, and a wrapper costs about 10 µs more a step
+        # there, with the caches cold (bench/README.md, "The metadata kvaudit sends").
+        return KVAuditMetadata(inner_meta, plans) if plans else inner_meta
 
     def _plans(self, scheduler_output: SchedulerOutput) -> list[RequestPlan]:
         plans = []

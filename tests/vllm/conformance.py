@@ -486,7 +486,8 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
     for step, plans in (("planned", [plan]), ("unplanned", [])):
         inner.calls.clear()
         metadata = Arg(f"{step} metadata")
-        wrapper.bind_connector_metadata(KVAuditMetadata(metadata, plans))
+        # A step with no plan gets the inner connector's metadata as it is (build_connector_meta).
+        wrapper.bind_connector_metadata(KVAuditMetadata(metadata, plans) if plans else metadata)
         wrapper.start_load_kv(Arg(f"{step} forward context"))
         wrapper.wait_for_save()
         reported = wrapper.get_block_ids_with_load_errors()
