@@ -475,9 +475,10 @@ class KVAuditConnector(KVConnectorBase_V1):
         inner_meta = self._inner.build_connector_meta(scheduler_output)
         plans = self._plans(scheduler_output)
         # A step with no plan (a decode step, one that collects finished requests) sends the
-        # inner connector's metadata as it is: vLLM pickles it to every worker and each worker
-        # unpickles it on its serving thread, and a wrapper costs about 10 µs more a step
-        # there, with the caches cold (bench/README.md, "The metadata kvaudit sends").
+        # inner connector's metadata as it is: where the workers run in processes of their own,
+        # vLLM pickles it to them and each unpickles it on its serving thread, and a wrapper
+        # took 8-9 µs more a step there with the caches cold (bench/README.md, "The metadata
+        # kvaudit sends").
         return KVAuditMetadata(inner_meta, plans) if plans else inner_meta
 
     def _plans(self, scheduler_output: SchedulerOutput) -> list[RequestPlan]:
