@@ -31,7 +31,6 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 import torch
 from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
 
-from kvaudit.contract import Hook, Op
 from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks import lmcache as hook
 from kvaudit.hooks.lmcache import fetch, runtime
@@ -66,7 +65,7 @@ def _round(engine: LMCacheEngine, base: int, pages: int, kv: torch.Tensor) -> tu
     return (stored - start) / pages, (fetched - stored) / pages
 
 
-def _isolated(engine: LMCacheEngine, emitter: Emitter, pages: int, reps: int) -> tuple[float, float]:
+def _isolated(engine: LMCacheEngine, pages: int, reps: int) -> tuple[float, float]:
     """Seconds per page of the hooks' own work on real memory objects: store record, fetch description."""
     manager = engine.storage_manager
     plugin = next(b for b in manager.storage_backends.values() if isinstance(b, KvauditStorePlugin))
@@ -80,8 +79,7 @@ def _isolated(engine: LMCacheEngine, emitter: Emitter, pages: int, reps: int) ->
         plugin.batched_submit_put_task(keys, objs)
         store_s.append((time.perf_counter() - start) / pages)
         start = time.perf_counter()
-        op = emitter.operation(Op.FETCH, hook=Hook.LMCACHE_ENGINE)
-        fetch.finish(state, manager, op, keys, list(objs), "LocalCPUBackend", guard=False)
+        fetch.finish(state, manager, (time.time_ns(), None, None), keys, list(objs), "LocalCPUBackend", guard=False)
         fetch_s.append((time.perf_counter() - start) / pages)
     for obj in objs:
         obj.ref_count_down()
@@ -107,7 +105,7 @@ def _measure(checksum_rate: float, pages: int, reps: int, emitter: Emitter) -> d
                 runs[name].append(value)
         if rep < reps:
             hook.uninstrument()
-    own_store, own_fetch = _isolated(hooked, emitter, pages, reps)
+    own_store, own_fetch = _isolated(hooked, pages, reps)
     hook.uninstrument()
     for engine in (f"plain-{checksum_rate}", f"hooked-{checksum_rate}"):
         LMCacheEngineBuilder.destroy(engine)

@@ -218,6 +218,70 @@ def test_an_open_operation_is_a_parent_and_its_context_is_its_spans():
     assert orphan.parent is None and orphan.context.is_valid
 
 
+def test_an_operation_recorded_in_one_call_is_the_span_the_three_calls_make():
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    page = full_page("ab" * 32, 0)
+    above = emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR)
+    given = {"request_id": "q1", "backend": "lmcache.remote", "tokens_requested": 512, "parent": above}
+    op = emitter.operation(Op.FETCH, hook=Hook.LMCACHE_ENGINE, **given)
+    op.add_pages(lambda: [page])
+    op.end(Outcome.PARTIAL, tokens_hit=256, tokens_local=16)
+    started = op._start
+    amounts = (256, None, 16, None, None)
+    emitter.record(
+        Op.FETCH,
+        Hook.LMCACHE_ENGINE,
+        "q1",
+        "lmcache.remote",
+        512,
+        above,
+        started,
+        Outcome.PARTIAL,
+        amounts,
+        lambda: [page],
+    )
+    # `end` takes the description too: two calls.
+    two = emitter.operation(Op.FETCH, hook=Hook.LMCACHE_ENGINE, **given)
+    two.end(Outcome.PARTIAL, tokens_hit=256, tokens_local=16, describe=lambda: [page])
+    above.end(Outcome.HIT)
+    emitter.flush()
+    three, one, ended, parent = capture.spans
+    assert ended.attributes == three.attributes and len(ended.events) == 1
+    assert one.name == three.name and one.attributes == three.attributes
+    assert one.attributes[SpanAttr.PAGES] == 1 and one.attributes[SpanAttr.TOKENS_LOCAL] == 16
+    assert one.parent == three.parent == parent.context
+    assert one.context.trace_id == parent.context.trace_id and one.context.span_id != three.context.span_id
+    assert [event.attributes for event in one.events] == [event.attributes for event in three.events]
+    assert one.start_time == started <= one.end_time
+
+
+def test_a_recorded_operation_without_a_parent_is_the_current_spans_child_and_fails_open(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    capture = Capture()
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
+    outer = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags.SAMPLED)
+    with trace.use_span(NonRecordingSpan(outer)):
+        emitter.record(Op.LOOKUP, Hook.VLLM_CONNECTOR, None, None, None, None, 1, Outcome.MISS, (0,) * 5)
+    emitter.record(Op.LOOKUP, Hook.VLLM_CONNECTOR, None, None, None, None, 1, Outcome.MISS, (0,) * 5)
+
+    def broken() -> list[PageDescriptor]:
+        raise RuntimeError("describe failed")
+
+    # A description that fails is counted, and the span goes without its pages.
+    emitter.record(Op.STORE, Hook.LMCACHE_BACKEND, None, None, None, None, 1, Outcome.HIT, (None,) * 5, broken)
+    emitter.flush()
+    child, root, bare = capture.spans[:3]
+    assert child.parent == outer and child.context.trace_id == outer.trace_id
+    assert root.parent is None and root.context.is_valid
+    assert bare.attributes[SpanAttr.PAGES] == 0 and not bare.events
+    # One that cannot even be queued is counted too, never raised.
+    monkeypatch.setattr(emitter._batcher, "submit", lambda span, reserved=False: 1 / 0)
+    emitter.record(Op.STORE, Hook.LMCACHE_BACKEND, None, None, None, None, 1, Outcome.HIT, (None,) * 5)
+    assert emitter.stats.errors == 2
+
+
 def test_a_failing_exporter_is_counted_and_reported_as_telemetry(trace_dir: Path, capsys: pytest.CaptureFixture[str]):
     broken = Emitter(replica_resource("r1"), SpanBatcher(Broken()))
     with broken.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR) as op:

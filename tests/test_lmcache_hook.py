@@ -482,7 +482,7 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from kvaudit.hooks import lmcache as hook
-    from kvaudit.hooks.lmcache.pages import READ_IN_PLACE, ObjectFacts, object_facts
+    from kvaudit.hooks.lmcache.pages import READ_IN_PLACE, object_facts, size_of
     from kvaudit.hooks.lmcache.testing import cpu_engine
 
     assert hook.instrument(replica="single", export=f"file:{tmp_path}/single.jsonl")
@@ -495,8 +495,9 @@ def test_single_key_paths_are_recorded_and_lmcache_errors_pass_through(tmp_path:
         assert obj is not None
         # Its facts, read off its metadata in place, are what its getters return.
         assert type(obj) in READ_IN_PLACE
-        getters = ObjectFacts(obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size())
-        assert object_facts(obj) == getters
+        facts = object_facts(obj)
+        read = (facts.dtype, facts.shape, facts.memory_format, size_of(facts))
+        assert read == (obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size())
         obj.ref_count_down()
         # LMCache's local CPU tier has no non-blocking get: its own error must reach the caller.
         with pytest.raises(NotImplementedError):

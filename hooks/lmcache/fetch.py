@@ -9,16 +9,15 @@ the prefix are recomputed, and LMCache never sees them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Operation
 from kvaudit.guard import violations
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
 from kvaudit.hooks.lmcache.links import LINKS, LazyPages, Link
 from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, missing_page, object_facts, tier_of
-from kvaudit.hooks.lmcache.runtime import REQUEST_ID, Runtime
+from kvaudit.hooks.lmcache.runtime import Runtime
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -28,19 +27,46 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def start(
-    state: Runtime, manager: StorageManager, op: Op, keys: Sequence[Any], location: str | None, link: Link | None
-) -> Operation:
-    """Open the operation; under a layer above (`link`), as its child and under its request id."""
-    last = state.range_of(keys[-1]) if keys else None
-    return state.emitter(manager.config, manager.metadata).operation(
+# Where an operation began: when (`time.time_ns()`), the request id LMCache was called
+# with, and the layer above's link for it; read by the wrap before LMCache's call, the
+# rest of the operation recorded after it (`Emitter.record`). A plain tuple: made with
+# no Python frame.
+Began = tuple[int, str | None, Link | None]
+
+
+def _record(
+    state: Runtime,
+    manager: StorageManager,
+    op: Op,
+    began: Began,
+    location: str | None,
+    last: tuple[int, int] | None,
+    outcome: Outcome,
+    tokens_hit: int | None,
+    describe: Callable[[], Iterable[PageDescriptor]] | None = None,
+) -> None:
+    """Queue the operation (`last`: the token range of its last key); under a layer above
+    (the link), as its child and under its request id."""
+    started, engine_request_id, link = began
+    state.emitter(manager.config, manager.metadata).record(
         op,
-        hook=Hook.LMCACHE_ENGINE,
-        request_id=LINKS.request_id(REQUEST_ID.get(), link),
-        backend=backend_label(location) if op is Op.FETCH else None,
-        tokens_requested=last[1] if last else None,
-        parent=link.parent if link is not None else None,
+        Hook.LMCACHE_ENGINE,
+        LINKS.request_id(engine_request_id, link),
+        backend_label(location) if op is Op.FETCH else None,
+        last[1] if last else None,
+        link.parent if link is not None else None,
+        started,
+        outcome,
+        (tokens_hit, None, None, None, None),
+        describe,
     )
+
+
+def failed(
+    state: Runtime, manager: StorageManager, op: Op, began: Began, keys: Sequence[Any], location: str | None
+) -> None:
+    """Record an operation LMCache's call raised in."""
+    _record(state, manager, op, began, location, state.range_of(keys[-1]) if keys else None, Outcome.ERROR, None)
 
 
 def carries_metadata(manager: StorageManager, location: str | None) -> bool:
@@ -63,27 +89,27 @@ def carries_metadata(manager: StorageManager, location: str | None) -> bool:
 def finish(
     state: Runtime,
     manager: StorageManager,
-    op: Operation,
+    began: Began,
     keys: Sequence[CacheEngineKey],
     objs: list[MemoryObj | None],
     location: str | None,
     *,
     guard: bool,
-    link: Link | None = None,
 ) -> list[MemoryObj | None]:
-    """Describe the fetched objects, end `op`, and return the objects LMCache may use.
+    """Describe the fetched objects, record the fetch, and return the objects LMCache may use.
 
-    `link` (a layer above) is told every requested chunk, those not fetched or not used
-    with `used=False`. Without the guard nothing is decided on the descriptors, so they
-    are made later (`LazyPages`); the guard decides on each, here.
+    The layer above (the link `began` names) is told every requested chunk, those not
+    fetched or not used with `used=False`. Without the guard nothing is decided on the
+    descriptors, so they are made later (`LazyPages`); the guard decides on each, here.
     """
     carried = carries_metadata(manager, location)
     if guard:
-        return _finish_guarded(state, manager, op, keys, objs, location, carried, link)
+        return _finish_guarded(state, manager, began, keys, objs, location, carried)
     tier, hash_algo, rate = tier_of(location), state.hash_algo, state.options.checksum_rate
     recorded = []
     used_pages = tokens_hit = 0
-    for key, obj, token_range in zip(keys, objs, state.ranges_of(keys), strict=False):
+    ranges = state.ranges_of(keys)
+    for key, obj, token_range in zip(keys, objs, ranges, strict=False):
         if obj is None:
             recorded.append((key, None, token_range, False, None))
             continue
@@ -118,22 +144,31 @@ def finish(
 
     told = LazyPages(len(recorded), describe, all_used=used_pages == len(keys))
     # The operation's pages are the objects LMCache got; the layer above hears of every chunk.
-    op.add_pages(lambda: [page for page, record in zip(told, recorded, strict=True) if record[1] is not None])
-    _end(op, _outcome(used_pages, len(keys), False), tokens_hit, link, told)
+    _end(
+        state,
+        manager,
+        began,
+        location,
+        ranges[-1] if ranges else None,
+        _outcome(used_pages, len(keys), False),
+        tokens_hit,
+        lambda: [page for page, record in zip(told, recorded, strict=True) if record[1] is not None],
+        told,
+    )
     return objs
 
 
 def _finish_guarded(
     state: Runtime,
     manager: StorageManager,
-    op: Operation,
+    began: Began,
     keys: Sequence[CacheEngineKey],
     objs: list[MemoryObj | None],
     location: str | None,
     carried: bool,
-    link: Link | None,
 ) -> list[MemoryObj | None]:
     """`finish` with the guard on: each page is described and vetted before LMCache may use it."""
+    link = began[2]
     tier = tier_of(location)
     consumer = state.kv_config(manager.config, manager.metadata)
     rate = state.options.checksum_rate
@@ -141,6 +176,7 @@ def _finish_guarded(
     rejected_at: int | None = None
     used_pages = tokens_hit = 0
     told: list[PageDescriptor] = []
+    fetched: list[PageDescriptor] = []
     for index, (key, obj) in enumerate(zip(keys, objs, strict=False)):
         if obj is None:
             prefix_intact = False
@@ -173,7 +209,7 @@ def _finish_guarded(
             used_pages += 1
             if token_range is not None:
                 tokens_hit += token_range[1] - token_range[0]
-        op.add_page(page)
+        fetched.append(page)
         told.append(page)
     if rejected_at is not None:
         objs = list(objs)
@@ -183,13 +219,26 @@ def _finish_guarded(
                 # LMCache releases only the objects it is given back.
                 obj.ref_count_down()
                 objs[index] = None
-    _end(op, _outcome(used_pages, len(keys), rejected_at is not None), tokens_hit, link, told)
+    outcome = _outcome(used_pages, len(keys), rejected_at is not None)
+    last = state.range_of(keys[-1]) if keys else None
+    _end(state, manager, began, location, last, outcome, tokens_hit, fetched.__iter__, told)
     return objs
 
 
-def _end(op: Operation, outcome: Outcome, tokens_hit: int, link: Link | None, told: Sequence[PageDescriptor]) -> None:
-    """End the fetch, then tell the layer above (if any) every requested chunk."""
-    op.end(outcome, tokens_hit=tokens_hit)
+def _end(
+    state: Runtime,
+    manager: StorageManager,
+    began: Began,
+    location: str | None,
+    last: tuple[int, int] | None,
+    outcome: Outcome,
+    tokens_hit: int,
+    describe: Callable[[], Iterable[PageDescriptor]],
+    told: Sequence[PageDescriptor],
+) -> None:
+    """Record the fetch, then tell the layer above (if any) every requested chunk."""
+    _record(state, manager, Op.FETCH, began, location, last, outcome, tokens_hit, describe)
+    link = began[2]
     if link is not None:
         link.on_pages(told)
 
@@ -221,11 +270,12 @@ def _outcome(used: int, requested: int, rejected: bool) -> Outcome:
     return Outcome.REJECTED if rejected else Outcome.MISS
 
 
-def end_lookup(state: Runtime, op: Operation, keys: Sequence[CacheEngineKey], hit: int) -> None:
-    """End a lookup that found the first `hit` of `keys`."""
+def end_lookup(state: Runtime, manager: StorageManager, began: Began, keys: Sequence[CacheEngineKey], hit: int) -> None:
+    """Record a lookup that found the first `hit` of `keys`."""
+    last = state.range_of(keys[-1]) if keys else None
     if not hit:
-        op.end(Outcome.MISS, tokens_hit=0)
+        _record(state, manager, Op.LOOKUP, began, None, last, Outcome.MISS, 0)
         return
-    last = state.range_of(keys[hit - 1])
-    # One frame, as the lookup's end was before it moved here (LMCache's lookup thread).
-    op.end(Outcome.HIT if hit == len(keys) else Outcome.PARTIAL, tokens_hit=last[1] if last else 0)
+    found = state.range_of(keys[hit - 1])
+    outcome = Outcome.HIT if hit == len(keys) else Outcome.PARTIAL
+    _record(state, manager, Op.LOOKUP, began, None, last, outcome, found[1] if found else 0)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
-from kvaudit.contract import Op, Outcome
+from kvaudit.contract import Op
 from kvaudit.emit.emitter import Emitter
 from kvaudit.hooks.lmcache import evict, fetch, pages, prevent, runtime
-from kvaudit.hooks.lmcache.links import LINKS, Link
+from kvaudit.hooks.lmcache.links import LINKS
 
 logger = logging.getLogger(__name__)
 
@@ -116,38 +117,39 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
     setattr(cls, name, functools.wraps(original)(make(original)))
 
 
-def _start(state: runtime.Runtime, manager: Any, op: Op, keys: Any, location: str | None, link: Link | None) -> Any:
-    try:
-        return fetch.start(state, manager, op, keys, location, link)
-    except Exception as exc:  # the hook's own failure must not become LMCache's
-        runtime.failed(op.value, exc)
-        return None
+def _began(op: Op) -> fetch.Began:
+    """Where an operation begins (`fetch.Began`): read before LMCache's call, on its thread."""
+    engine_request_id = runtime.REQUEST_ID.get()
+    link = LINKS.get(engine_request_id, op) if op is Op.FETCH else None
+    return time.time_ns(), engine_request_id, link
 
 
-def _call(op: Any, original: Callable[..., Any], *args: Any) -> Any:
-    """The original call; an exception of LMCache's ends the operation as an error, then propagates."""
+def _call(
+    state: runtime.Runtime,
+    manager: Any,
+    op: Op,
+    began: fetch.Began,
+    keys: Any,
+    location: Any,
+    original: Callable[..., Any],
+    *args: Any,
+) -> Any:
+    """The original call; an exception of LMCache's is recorded as the operation's error, then propagates."""
     try:
         return original(*args)
     except BaseException:
-        if op is not None:
-            op.end(Outcome.ERROR)
+        try:
+            fetch.failed(state, manager, op, began, keys, location)
+        except Exception as exc:  # the hook's own failure must not hide LMCache's
+            runtime.failed(op.value, exc)
         raise
 
 
 def _finish(
-    state: runtime.Runtime,
-    manager: Any,
-    op: Any,
-    keys: Any,
-    objs: Any,
-    location: Any,
-    guard: bool,
-    link: Link | None = None,
+    state: runtime.Runtime, manager: Any, began: fetch.Began, keys: Any, objs: Any, location: Any, guard: bool
 ) -> Any:
-    if op is None:
-        return objs
     try:
-        return fetch.finish(state, manager, op, keys, objs, location, guard=guard, link=link)
+        return fetch.finish(state, manager, began, keys, objs, location, guard=guard)
     except Exception as exc:  # the hook's own failure must not become LMCache's
         runtime.failed("fetch", exc)
         return objs
@@ -158,10 +160,9 @@ def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, keys, location)
-        link = LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH)
-        op = _start(state, self, Op.FETCH, keys, location, link)
-        objs = _call(op, original, self, keys, location)
-        return _finish(state, self, op, keys, objs, location, state.options.guard, link)
+        began = _began(Op.FETCH)
+        objs = _call(state, self, Op.FETCH, began, keys, location, original, self, keys, location)
+        return _finish(state, self, began, keys, objs, location, state.options.guard)
 
     return batched_get
 
@@ -171,10 +172,9 @@ def _get(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, key, location)
-        link = LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH)
-        op = _start(state, self, Op.FETCH, [key], location, link)
-        obj = _call(op, original, self, key, location)
-        return _finish(state, self, op, [key], [obj], location, state.options.guard, link)[0]
+        began = _began(Op.FETCH)
+        obj = _call(state, self, Op.FETCH, began, [key], location, original, self, key, location)
+        return _finish(state, self, began, [key], [obj], location, state.options.guard)[0]
 
     return get
 
@@ -184,9 +184,9 @@ def _get_non_blocking(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, key, location)
-        op = _start(state, self, Op.FETCH, [key], location, LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH))
-        future = _call(op, original, self, key, location)
-        _observe(state, self, op, [key], future, location)
+        began = _began(Op.FETCH)
+        future = _call(state, self, Op.FETCH, began, [key], location, original, self, key, location)
+        _observe(state, self, began, [key], future, location)
         return future
 
     return get_non_blocking
@@ -199,24 +199,25 @@ def _layerwise_batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         where = location or "LocalCPUBackend"
         for layer_keys, future in zip(keys, original(self, keys, location), strict=False):
             if state is not None:
-                op = _start(state, self, Op.FETCH, layer_keys, where, LINKS.get(runtime.REQUEST_ID.get(), Op.FETCH))
-                _observe(state, self, op, layer_keys, future, where)
+                _observe(state, self, _began(Op.FETCH), layer_keys, future, where)
             yield future
 
     return layerwise_batched_get
 
 
-def _observe(state: runtime.Runtime, manager: Any, op: Any, keys: Any, future: Any, location: str | None) -> None:
+def _observe(
+    state: runtime.Runtime, manager: Any, began: fetch.Began, keys: Any, future: Any, location: str | None
+) -> None:
     """Describe a non-blocking fetch when its future finishes (observed only: LMCache has the objects by then)."""
     if future is None:
-        _finish(state, manager, op, keys, [None] * len(keys), location, False)
+        _finish(state, manager, began, keys, [None] * len(keys), location, False)
         return
 
     def done(finished: Any) -> None:
         failed = finished.cancelled() or finished.exception() is not None
         result = [None] * len(keys) if failed else finished.result()
         objs = result if isinstance(result, list) else [result]
-        _finish(state, manager, op, keys, objs + [None] * (len(keys) - len(objs)), location, False)
+        _finish(state, manager, began, keys, objs + [None] * (len(keys) - len(objs)), location, False)
 
     future.add_done_callback(done)
 
@@ -226,13 +227,12 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         state = runtime.current()
         if state is None:
             return original(self, keys, search_range, pin)
-        op = _start(state, self, Op.LOOKUP, keys, None, None)
-        hit, mapping = _call(op, original, self, keys, search_range, pin)
-        if op is not None:
-            try:
-                fetch.end_lookup(state, op, keys, hit)
-            except Exception as exc:  # the hook's own failure must not become LMCache's
-                runtime.failed("lookup", exc)
+        began = _began(Op.LOOKUP)
+        hit, mapping = _call(state, self, Op.LOOKUP, began, keys, None, original, self, keys, search_range, pin)
+        try:
+            fetch.end_lookup(state, self, began, keys, hit)
+        except Exception as exc:  # the hook's own failure must not become LMCache's
+            runtime.failed("lookup", exc)
         return hit, mapping
 
     return batched_contains

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, overload
+
+import msgspec
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
@@ -66,9 +67,9 @@ class LazyPages(Sequence["PageDescriptor"]):
         return iter(self._made())
 
 
-@dataclass
-class Link:
-    """One operation of the layer above on one request.
+class Link(msgspec.Struct):
+    """One operation of the layer above on one request (a struct: made in C, one a request a
+    step, on the serving thread).
 
     Attributes:
         request_id: the request id LMCache's spans record (the layer above's own).
@@ -90,14 +91,15 @@ class Links:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._links: dict[tuple[str, str], Link] = {}
+        self._links: dict[tuple[str, Op], Link] = {}
         self.rename: Callable[[str], str] | None = None
 
     def put(self, engine_request_id: str, op: Op, link: Link) -> None:
         with self._lock:
             links = self._links
-            links.pop((engine_request_id, op.value), None)
-            links[(engine_request_id, op.value)] = link
+            # Keyed by the `Op` itself (a str): its `.value` is two Python calls on the serving thread.
+            links.pop((engine_request_id, op), None)
+            links[(engine_request_id, op)] = link
             if len(links) > _MAX_LINKS:
                 # Dicts keep insertion order: drop the oldest quarter in one go.
                 for old in list(links)[: _MAX_LINKS // 4]:
@@ -106,7 +108,7 @@ class Links:
     def get(self, engine_request_id: str | None, op: Op) -> Link | None:
         if engine_request_id is None:
             return None
-        return self._links.get((engine_request_id, op.value))
+        return self._links.get((engine_request_id, op))
 
     def request_id(self, engine_request_id: str | None, link: Link | None) -> str | None:
         """The request id to record: the link's, else the renamed engine id, else the engine id."""

@@ -12,7 +12,7 @@ put there, so only the producer's store descriptor says which geometry computed 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -66,12 +66,17 @@ class ObjectFacts(msgspec.Struct, gc=False):
     """What a stored page's descriptor reads off its memory object, read while LMCache holds it
     (an allocator may recycle the object, and its metadata, once the store is done). A
     struct, not a named tuple: made in C, with no Python frame (one a chunk, on the
-    serving thread)."""
+    serving thread).
+
+    `size` is the object's `get_size()`; None where it is worked out when read (`size_of`)
+    from `groups`, the shapes and dtypes of the object's metadata, or its shape and dtype.
+    """
 
     dtype: object
     shape: tuple[int, ...]
     memory_format: object
-    size: int
+    size: int | None
+    groups: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
 
 
 # Memory object classes whose facts are read off their metadata in place, as their getters
@@ -84,8 +89,24 @@ READ_IN_PLACE: list[type] = []
 def object_facts(obj: MemoryObj) -> ObjectFacts:
     if type(obj) in READ_IN_PLACE:
         meta = obj.meta  # type: ignore[attr-defined]
-        return ObjectFacts(meta.dtype, meta.shape, meta.fmt, obj.get_size())
+        shapes, dtypes = meta.shapes, meta.dtypes
+        # Its size is what its metadata is made of: worked out when read (`size_of`), not
+        # here, where `get_size` is four Python calls a chunk. The lists copied (in C): a
+        # recycled object's metadata may be given others.
+        groups = (tuple(shapes), tuple(dtypes)) if shapes is not None and dtypes is not None else None
+        return ObjectFacts(meta.dtype, meta.shape, meta.fmt, None, groups)
     return ObjectFacts(obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size())
+
+
+def size_of(facts: ObjectFacts) -> int:
+    """The object's size in bytes, as LMCache's `MemoryObjMetadata.get_size` works it out."""
+    if facts.size is not None:
+        return facts.size
+    if facts.groups is not None:
+        from lmcache.utils import get_size_bytes
+
+        return int(get_size_bytes(list(facts.groups[0]), list(facts.groups[1])))
+    return int(facts.shape.numel() * facts.dtype.itemsize)  # type: ignore[attr-defined]
 
 
 def store_page(
@@ -109,7 +130,7 @@ def store_page(
         dtype=dtype_name(facts.dtype),
         shape=tuple(facts.shape),
         layout=facts.memory_format.name,  # type: ignore[attr-defined]
-        bytes=facts.size,
+        bytes=size_of(facts),
         world_size=key.world_size,
         rank=key.worker_id,
         layers=layers,
@@ -140,7 +161,7 @@ def fetch_page(
         token_start=start,
         token_end=end,
         model=key.model_name,
-        bytes=facts.size,
+        bytes=size_of(facts),
         world_size=key.world_size,
         rank=key.worker_id,
         checksum=checksum,

@@ -12,6 +12,7 @@ Configure it with `storage_plugins=[PLUGIN_NAME]` and `plugin_config()` merged i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -83,19 +84,12 @@ class KvauditStorePlugin(StoragePluginInterface):
         state = runtime.current()
         if state is None or not keys:
             return
+        started = time.time_ns()
         emitter = state.emitter(self.config, self.metadata)
         ranges = state.ranges_of(keys)
         last = ranges[-1]
         engine_request_id = runtime.REQUEST_ID.get()
         link = LINKS.get(engine_request_id, Op.STORE)
-        op = emitter.operation(
-            Op.STORE,
-            hook=Hook.LMCACHE_BACKEND,
-            request_id=LINKS.request_id(engine_request_id, link),
-            backend=self._targets,
-            tokens_requested=last[1] if last else None,
-            parent=link.parent if link is not None else None,
-        )
         rate, registry, stored = state.options.checksum_rate, state.registry, 0
         if self._geometry is None:
             self._geometry = state.kv_config(self.config, self.metadata).geometry
@@ -120,8 +114,18 @@ class KvauditStorePlugin(StoragePluginInterface):
             # Consumers compare what they fetch with this at once: made here, not later.
             for key, page in zip(keys, pages, strict=False):
                 registry.put(key, page)
-        op.add_pages(lambda: pages)
-        op.end(Outcome.HIT, tokens_stored=stored or None)
+        emitter.record(
+            Op.STORE,
+            Hook.LMCACHE_BACKEND,
+            LINKS.request_id(engine_request_id, link),
+            self._targets,
+            last[1] if last else None,
+            link.parent if link is not None else None,
+            started,
+            Outcome.HIT,
+            (None, stored or None, None, None, None),
+            pages.__iter__,  # a bound method: no function of its own to make
+        )
         if link is not None:
             link.on_pages(pages)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -167,9 +168,9 @@ class KVAuditConnector(KVConnectorBase_V1):
         note_inner_class(type(self._inner))
         super().__init__(vllm_config, role, kv_cache_config)
         self._geometry: EngineGeometry = engine_geometry(vllm_config, _tp_rank(vllm_config) if worker else None)
-        self._format: InnerFormat = lmcache_layer.format_for(self._inner, self._geometry) or format_for(
-            self._inner, self._geometry
-        )
+        # LMCache's format, where it is the inner connector's (`_layer`): its units join the LMCache hook's.
+        self._layer = lmcache_layer.format_for(self._inner, self._geometry)
+        self._format: InnerFormat = self._layer or format_for(self._inner, self._geometry)
         self._kv = self._geometry.kv_config(self._format.layout)
         # What this replica reads a page as: the reference the guard compares fetched pages with.
         self._expected = PageDescriptor.from_config(self._kv, shape=self._geometry.page_shape)
@@ -258,29 +259,28 @@ class KVAuditConnector(KVConnectorBase_V1):
             self._open_stores()
             return answer
         fetches = [self._operation(Op.FETCH, unit) for unit in loads]
-        layered = isinstance(self._format, lmcache_layer.LMCacheFormat)
+        layer = self._layer
         # Described before the load: the guard decides on what the objects say, not on
         # what the inner connector did with them. LMCache's blocks are judged by the
         # chunks its hook reports during the load instead.
-        described = [] if layered else [self._describe_fetch(unit) for unit in loads]
+        described = [] if layer is not None else [self._describe_fetch(unit) for unit in loads]
         try:
             answer = self._inner.start_load_kv(forward_context, **kwargs)
         except BaseException:
             for fetch in fetches:
                 fetch.end(Outcome.ERROR)
             raise
-        if layered:
+        if layer is not None:
             for unit, fetch in zip(loads, fetches):
-                self._finish_layered_fetch(unit, fetch)
+                self._finish_layered_fetch(layer, unit, fetch)
         for unit, fetch, pages in zip(loads, fetches, described):
             self._finish_fetch(unit, fetch, pages)
         self._open_stores()
         return answer
 
-    def _finish_layered_fetch(self, unit: Unit, fetch: Operation) -> None:
+    def _finish_layered_fetch(self, layer: lmcache_layer.LMCacheFormat, unit: Unit, fetch: Operation) -> None:
         """End a fetch LMCache served; its blocks' descriptors are made on the exporter thread."""
-        assert isinstance(self._format, lmcache_layer.LMCacheFormat)
-        rejected = self._observed(self._format.finish_fetch, unit, fetch, self._settings.guard)
+        rejected = self._observed(layer.finish_fetch, unit, fetch, self._settings.guard)
         if rejected is None:
             # The hook's own failure: unchecked is unused where the guard is on.
             fetch.end(Outcome.ERROR)
@@ -353,12 +353,15 @@ class KVAuditConnector(KVConnectorBase_V1):
             if self._settings.stamp_dir is None:
                 # A store's pages come from its plan and the engine's configuration, which
                 # do not change: they are described on the exporter thread.
-                store.add_pages(functools.partial(self._format.describe_store, unit, self._kv_caches))
-            else:
-                pages = self._observed(self._format.describe_store, unit, self._kv_caches) or []
-                for page in pages:
-                    store.add_page(page)
-                self._stamp([page.key for page in pages if page.key])
+                store.end(
+                    tokens_stored=unit.num_tokens,
+                    describe=functools.partial(self._format.describe_store, unit, self._kv_caches),
+                )
+                continue
+            pages = self._observed(self._format.describe_store, unit, self._kv_caches) or []
+            for page in pages:
+                store.add_page(page)
+            self._stamp([page.key for page in pages if page.key])
             store.end(tokens_stored=unit.num_tokens)
         return answer
 
@@ -387,9 +390,10 @@ class KVAuditConnector(KVConnectorBase_V1):
             request_id=unit.plan.request_id,
             backend=self._format.backend,
             tokens_requested=unit.num_tokens,
-            parent=unit.plan.parent_context(),
+            parent=remote_parent(unit.plan.trace_parent),
         )
-        lmcache_layer.join(unit, operation)
+        if self._layer is not None:
+            self._layer.join(unit, operation)
         return operation
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -415,18 +419,11 @@ class KVAuditConnector(KVConnectorBase_V1):
         # as its loads and saves are (their plans carry the context to the workers). Its
         # headers are looked at here first, so that an untraced request makes no call.
         traced = getattr(request, "trace_headers", None)
-        lookup = self._emitter.operation(
-            Op.LOOKUP,
-            hook=Hook.VLLM_CONNECTOR,
-            request_id=external_request_id(request.request_id),
-            backend=self._format.backend,
-            tokens_requested=request.num_prompt_tokens,
-            parent=remote_parent(self._observed(trace_parent, request)) if traced else None,
-        )
+        started = time.time_ns()
         try:
             matched, load_async = self._inner.get_num_new_matched_tokens(request, num_computed_tokens)
         except BaseException:
-            lookup.end(Outcome.ERROR)
+            self._record_lookup(request, traced, started, Outcome.ERROR, (None, None, None, None, None))
             raise
         self._requests[request.request_id] = request
         self._local_tokens[request.request_id] = num_computed_tokens
@@ -444,10 +441,39 @@ class KVAuditConnector(KVConnectorBase_V1):
         # The prompt's pages are described on the exporter thread, from a copy of its block
         # hashes taken now (vLLM appends to the request's list as the request runs).
         hashes = self._observed(prompt_hashes, request, reachable // block_size)
-        if hashes:
-            lookup.add_pages(functools.partial(self._prompt_pages, hashes, num_computed_tokens))
-        lookup.end(outcome, tokens_hit=matched, tokens_local=num_computed_tokens, pages=matched // block_size, bytes=0)
+        self._record_lookup(
+            request,
+            traced,
+            started,
+            outcome,
+            (matched, None, num_computed_tokens, matched // block_size, 0),
+            functools.partial(self._prompt_pages, hashes, num_computed_tokens) if hashes else None,
+        )
         return matched, load_async
+
+    def _record_lookup(
+        self,
+        request: Request,
+        traced: Any,
+        started: int,
+        outcome: Outcome,
+        amounts: tuple[int | None, int | None, int | None, int | None, int | None],
+        describe: Callable[[], list[PageDescriptor]] | None = None,
+    ) -> None:
+        """The request's `kvaudit.lookup` span, in one call once the lookup returned
+        (`Emitter.record`); a request that arrived with a trace context is its child."""
+        self._emitter.record(
+            Op.LOOKUP,
+            Hook.VLLM_CONNECTOR,
+            external_request_id(request.request_id),
+            self._format.backend,
+            request.num_prompt_tokens,
+            remote_parent(self._observed(trace_parent, request)) if traced else None,
+            started,
+            outcome,
+            amounts,
+            describe,
+        )
 
     def _prompt_pages(self, hashes: list[bytes], local_tokens: int) -> list[PageDescriptor]:
         """The prompt's blocks vLLM could reuse (`hashes`, those of its full blocks up to the

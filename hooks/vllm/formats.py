@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
@@ -49,9 +48,9 @@ _SAFETENSORS_DTYPES: Final = {
 }
 
 
-@dataclass
-class Unit:
-    """One load or store of the inner connector for one request.
+class Unit(msgspec.Struct):
+    """One load or store of the inner connector for one request (a struct: made in C, one a
+    unit a step, on the serving thread).
 
     Attributes:
         plan: the request it belongs to.

@@ -31,8 +31,10 @@ import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
 
 from kvaudit.contract import Op, Outcome, PageDescriptor, Transfer
 from kvaudit.hooks.vllm.formats import CPU_PAGED_LAYOUT, Unit, page_skeletons
@@ -162,9 +164,9 @@ def _plugin_entries(extra: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@dataclass
-class LMCacheUnit:
-    """One LMCache load or store of one request in one step, as the vLLM layer follows it.
+class LMCacheUnit(msgspec.Struct):
+    """One LMCache load or store of one request in one step, as the vLLM layer follows it
+    (a struct: made in C, on the serving thread).
 
     Attributes:
         reports: what the LMCache hook reported of the operation's chunks (their pages),
@@ -173,7 +175,7 @@ class LMCacheUnit:
             use, or None; decided when the load returns.
     """
 
-    reports: list[Sequence[PageDescriptor]] = field(default_factory=list)
+    reports: list[Sequence[PageDescriptor]] = msgspec.field(default_factory=list)
     rejected: int | None = None
     all_used: bool = True
 
@@ -236,17 +238,6 @@ def name_sources(pages: list[PageDescriptor], chunks: list[PageDescriptor]) -> N
             page.used = chunk.used
 
 
-def join(unit: Unit, operation: Operation) -> None:
-    """Make the LMCache operations of `unit`'s request children of `operation`'s span (LMCache units only)."""
-    if not isinstance(unit.ref, LMCacheUnit):
-        return
-    from kvaudit.hooks.lmcache.links import LINKS, Link
-
-    op = Op.STORE if unit.is_store else Op.FETCH
-    # The operation itself, not its span's context: that is made on the exporter thread.
-    LINKS.put(unit.plan.req_id, op, Link(unit.plan.request_id, operation, unit.ref.tell))
-
-
 class LMCacheFormat:
     """LMCache's connector as the vLLM layer sees it: its metadata's requests, one page per block."""
 
@@ -259,6 +250,17 @@ class LMCacheFormat:
         self.layout = _memory_format(inner)
         # A stored block is this replica's: its fingerprint is the one its resource declares.
         self._store_geometry = geometry.kv_config(self.layout).geometry
+        # The LMCache hook's, imported here (this module loads it only where LMCache is
+        # wrapped), not at each join.
+        from kvaudit.hooks.lmcache.links import LINKS, Link
+
+        self._links, self._link = LINKS, Link
+
+    def join(self, unit: Unit, operation: Operation) -> None:
+        """Make the LMCache operations of `unit`'s request children of `operation`'s span."""
+        # The operation itself, not its span's context: that is made on the exporter thread.
+        link = self._link(unit.plan.request_id, operation, unit.ref.tell)
+        self._links.put(unit.plan.req_id, Op.STORE if unit.is_store else Op.FETCH, link)
 
     def units(self, inner_meta: KVConnectorMetadata, plans: list[RequestPlan]) -> list[Unit]:
         for plan in plans:
@@ -291,12 +293,12 @@ class LMCacheFormat:
         first, count = unit.token_start // block_size, unit.num_tokens // block_size
         state: LMCacheUnit = unit.ref
         state.rejected = rejected = state.first_rejected(first, count, block_size, guard)
-        fetch.add_pages(functools.partial(self.describe_fetch, unit))
+        describe = functools.partial(self.describe_fetch, unit)
         if rejected is None:
             used = count * block_size
-            fetch.end(Outcome.HIT if used >= unit.num_tokens else Outcome.PARTIAL, tokens_hit=used)
+            fetch.end(Outcome.HIT if used >= unit.num_tokens else Outcome.PARTIAL, tokens_hit=used, describe=describe)
             return []
-        fetch.end(Outcome.REJECTED, tokens_hit=rejected * block_size)
+        fetch.end(Outcome.REJECTED, tokens_hit=rejected * block_size, describe=describe)
         # vLLM recomputes from the first rejected block on: later blocks are not used either.
         return unit.plan.block_ids[first + rejected : first + count]
 

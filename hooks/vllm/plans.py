@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+import msgspec
 from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from vllm import envs
@@ -29,9 +30,9 @@ _RANDOM_SUFFIX_LEN: Final = 9
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 
 
-@dataclass
-class RequestPlan:
-    """One scheduled request, as the worker side needs it.
+class RequestPlan(msgspec.Struct):
+    """One scheduled request, as the worker side needs it (a struct: made in C, and pickled to
+    the workers as its fields' values alone).
 
     Attributes:
         req_id: vLLM's internal request id (what connectors see).
@@ -50,9 +51,6 @@ class RequestPlan:
     load_tokens: int = 0
     local_tokens: int = 0
     trace_parent: tuple[int, int] | None = None
-
-    def parent_context(self) -> SpanContext | None:
-        return remote_parent(self.trace_parent)
 
 
 @dataclass

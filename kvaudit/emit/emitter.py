@@ -6,7 +6,10 @@
         op.end(Outcome.HIT, tokens_hit=256)
 
 The serving thread only records: `add_page` appends a descriptor, `add_pages` a function
-that describes pages later, and `end` queues the finished operation. The background
+that describes pages later, and `end` queues the finished operation. An operation that
+begins and ends within one hook call and is no other's parent (LMCache's stores, fetches
+and lookups; vLLM's lookups) is queued in one call at its end, as one tuple of what it
+was given (`Emitter.record`): its `Operation` is made on the exporter thread. The background
 exporter thread finds the span's parent and builds its context, the SDK `ReadableSpan`
 and its page events, and turns the events into attributes as it encodes them: every
 object the serving thread does not make is time it does not spend between the engine's
@@ -21,6 +24,7 @@ import logging
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +32,7 @@ from time import monotonic  # tests replace `time` here with a clock of their ow
 from types import TracebackType
 from typing import Any, Final
 
+import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -36,7 +41,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from kvaudit import __version__
@@ -64,6 +69,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 _SCOPE = InstrumentationScope(TRACER_NAME, __version__)
 _OK = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
+# Held while an operation's span context is made (`Operation.context`): by exporter threads only.
+_CONTEXTS = threading.RLock()  # reentrant: a parent's context is made inside its child's
 
 
 class PageEvent(Event):
@@ -106,82 +113,54 @@ class EmitterStats:
         return bool(self.errors or self.dropped_spans or self.failed_exports or self.lost_batches)
 
 
-class Operation:
+class Operation(msgspec.Struct, eq=False):
     """One kvaudit operation on one request: becomes one span when it ends.
 
     The serving thread only keeps what it is given: `end` queues the operation itself,
-    and `build`, on the exporter thread, makes its attributes, page events and span.
+    and `build`, on the exporter thread, makes its attributes, page events and span. A
+    struct, made in C by `Emitter.operation` (a Python `__init__` is a frame, on the
+    serving thread, between the engine's copies); compared by identity.
     """
 
-    __slots__ = (
-        "_amounts",
-        "_at",
-        "_attributes",
-        "_backend",
-        "_context",
-        "_emitter",
-        "_end",
-        "_ended",
-        "_hook",
-        "_ids",
-        "_later",
-        "_op",
-        "_outcome",
-        "_pages",
-        "_parent",
-        "_request_id",
-        "_start",
-        "_tokens_requested",
-    )
-
-    def __init__(
-        self,
-        emitter: Emitter,
-        op: Op,
-        hook: Hook | str,
-        request_id: str | None,
-        backend: str | None,
-        tokens_requested: int | None,
-        attributes: dict[str, Any] | None,
-        parent: SpanContext | Operation | Context | None,
-        at_ns: int | None = None,
-        start_ns: int | None = None,
-    ) -> None:
-        self._emitter = emitter
-        self._op, self._hook, self._request_id, self._backend = op, hook, request_id, backend
-        self._tokens_requested, self._attributes, self._parent = tokens_requested, attributes, parent
-        self._pages: list[tuple[PageDescriptor, int]] | None = None
-        self._later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]] | None = None
-        # The span's ids are drawn now, its SpanContext made when first read (`context`):
-        # by the exporter thread, unless an operation of a layer below names it as parent
-        # first. The trace id is the parent's, where the parent has a valid one.
-        bits = emitter._random.getrandbits
-        self._ids = (bits(128) or 1, bits(64) or 1)
-        self._context: SpanContext | None = None
-        self._ended = False
-        self._at = at_ns
-        if start_ns is None:
-            start_ns = time.time_ns() if at_ns is None else at_ns
-        self._start = start_ns
-        self._end = start_ns
-        self._outcome: Outcome | None = None
-        # tokens hit, stored and local, pages, bytes: set by `end`, which alone queues the operation.
-        self._amounts: tuple[int | None, ...] = (None, None, None, None, None)
+    _emitter: Emitter
+    _op: Op
+    _hook: Hook | str
+    _request_id: str | None
+    _backend: str | None
+    _tokens_requested: int | None
+    _attributes: dict[str, Any] | None
+    _parent: SpanContext | Operation | Context | None
+    _at: int | None
+    _start: int
+    _end: int = 0  # set by `end`, which alone queues the operation
+    _ended: bool = False
+    _outcome: Outcome | None = None
+    # tokens hit, stored and local, pages, bytes: set by `end`.
+    _amounts: tuple[int | None, ...] = (None, None, None, None, None)
+    _pages: list[tuple[PageDescriptor, int]] | None = None
+    _later: list[tuple[Callable[[], Iterable[PageDescriptor]], int]] | None = None
+    _context: SpanContext | None = None
 
     @property
     def context(self) -> SpanContext:
         """The span's own context: operations of a layer below (LMCache under vLLM) that
         run inside this one name it, or this operation itself, as their parent.
 
-        Made once; two threads reading it first at once make equal ones (the ids were
-        drawn at the start and the parent does not change).
+        Made once, when first read: by an exporter thread (the operation's, or that of
+        a layer below building a child first), under a lock, so that two threads reading
+        it at once get the same ids. The trace id is the parent's, where the parent has
+        a valid one.
         """
         context = self._context
         if context is None:
-            parent = self.parent_context
-            trace_id = parent.trace_id if parent is not None else self._ids[0]
-            context = SpanContext(trace_id, self._ids[1], is_remote=False, trace_flags=TraceFlags.SAMPLED)
-            self._context = context
+            with _CONTEXTS:
+                context = self._context
+                if context is None:
+                    parent = self.parent_context
+                    bits = self._emitter._random.getrandbits
+                    trace_id = parent.trace_id if parent is not None else bits(128) or 1
+                    context = SpanContext(trace_id, bits(64) or 1, is_remote=False, trace_flags=TraceFlags.SAMPLED)
+                    self._context = context
         return context
 
     @property
@@ -231,8 +210,13 @@ class Operation:
         pages: int | None = None,
         bytes: int | None = None,  # noqa: A002 - the contract's name
         end_ns: int | None = None,
+        describe: Callable[[], Iterable[PageDescriptor]] | None = None,
     ) -> None:
-        """Finish the operation at `end_ns` (default now); `pages` and `bytes` default to sums over its pages."""
+        """Finish the operation at `end_ns` (default now); `pages` and `bytes` default to sums over its pages.
+
+        `describe`: as `add_pages(describe)` made now, in the same call (one Python call
+        fewer on the serving thread).
+        """
         if self._ended:
             return
         self._ended = True
@@ -242,6 +226,10 @@ class Operation:
             if end_ns is None:
                 end_ns = time.time_ns() if self._at is None else self._at
             self._end = end_ns
+            if describe is not None:
+                if self._later is None:
+                    self._later = []
+                self._later.append((describe, end_ns))
             self._emitter._batcher.submit(self)
         except Exception as exc:
             self._emitter._count_error(exc)
@@ -306,12 +294,24 @@ class Operation:
         self.end(Outcome.ERROR if exc_type is not None else None)
 
 
-class _NoOperation(Operation):
-    """What `operation()` returns when emission itself failed: accepts and ignores."""
+class _Recorded(tuple):  # type: ignore[type-arg]
+    """An operation `Emitter.record` queued: what it was given, as one tuple (made in C, no
+    Python frame, on the serving thread); its `Operation` and span are made by `build`, on
+    the exporter thread."""
 
-    def __init__(self) -> None:
-        self._parent = None
-        self._context = trace.INVALID_SPAN_CONTEXT
+    __slots__ = ()
+
+    def build(self) -> ReadableSpan:
+        *fields, describe = self  # an ended operation's fields up to its pages, then their description
+        operation = Operation(*fields)
+        if describe is not None:
+            operation._later = [(describe, operation._end)]
+        return operation.build()
+
+
+class _NoOperation(Operation, eq=False):
+    """What `operation()` returns when emission itself failed: accepts and ignores (its
+    context is invalid: a layer below that names it as parent makes a root span)."""
 
     def add_page(self, page: PageDescriptor, time_ns: int | None = None) -> None:
         pass
@@ -321,6 +321,11 @@ class _NoOperation(Operation):
 
     def end(self, outcome: Outcome | None = None, **_: Any) -> None:
         pass
+
+
+_NO_OPERATION: Final = _NoOperation(
+    None, Op.LOOKUP, "", None, None, None, None, None, None, 0, _context=INVALID_SPAN_CONTEXT
+)  # type: ignore[arg-type]
 
 
 class Emitter:
@@ -422,11 +427,44 @@ class Emitter:
                 attributes,
                 otel_context.get_current() if parent is None else parent,
                 at_ns,
-                start_ns,
+                (time.time_ns() if at_ns is None else at_ns) if start_ns is None else start_ns,
             )
         except Exception as exc:
             self._count_error(exc)
-            return _NoOperation()
+            return _NO_OPERATION
+
+    def record(
+        self,
+        op: Op,
+        hook: Hook | str,
+        request_id: str | None,
+        backend: str | None,
+        tokens_requested: int | None,
+        parent: SpanContext | Operation | None,
+        start_ns: int,
+        outcome: Outcome | None,
+        amounts: tuple[int | None, int | None, int | None, int | None, int | None],
+        describe: Callable[[], Iterable[PageDescriptor]] | None = None,
+    ) -> None:
+        """Queue an operation that began at `start_ns` and ends now, in one call.
+
+        For an operation that begins and ends within one hook call and that no other
+        names as its parent. The same span as `operation(...)` followed by
+        `add_pages(describe)` and `end(outcome, ...)` (`amounts`: tokens hit, stored and
+        local, pages, bytes, as `end` takes them), for a third of the serving thread's
+        Python calls: the operation, its ids and its context are made on the exporter
+        thread (bench/README.md, "Operations recorded in one call"). Arguments are
+        positional: a call by keywords costs more. Never raises.
+        """
+        try:
+            parent = otel_context.get_current() if parent is None else parent
+            # `Operation`'s fields, in its order: what the operation is; no attributes, its
+            # parent, no `at`, when it started and that it ended now; what it found, no pages.
+            what = (self, op, hook, request_id, backend, tokens_requested)
+            when = (None, parent, None, start_ns, time.time_ns(), True)
+            self._batcher.submit(_Recorded((*what, *when, outcome, amounts, None, describe)))
+        except Exception as exc:
+            self._count_error(exc)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export what is queued; False when it did not finish in time (never raises)."""
