@@ -7,11 +7,12 @@ shares the cores) and, for the engine's transfers, the wall clock too:
 
 - the wrapped connector's `start_load_kv`, and its `save_kv_layer` (each layer) and
   `wait_for_save`: the engine's fetch and store, LMCache's hook included;
-- the LMCache hook's own work inside them and on LMCache's lookup thread (`fetch.start`,
-  `fetch.finish`, `fetch.end_lookup`, the store plugin's `batched_submit_put_task`),
-  taken off the engine's figure. The instrumentor's thin wrappers stay uncounted (a
-  call and a context variable around each wrapped method, and a dict store per chunk
-  LMCache hashes, `Runtime.remember_range`): a clock costs more than any of them;
+- the LMCache hook's own work inside them and on LMCache's lookup thread (`fetch.finish`,
+  `fetch.end_lookup`, the store plugin's `batched_submit_put_task`: each records a whole
+  operation), taken off the engine's figure. The instrumentor's thin wrappers stay
+  uncounted (around each wrapped method a call, a context variable, the link's lookup and
+  the clock read where the operation begins, `_began`; and a dict store per chunk LMCache
+  hashes, `Runtime.remember_range`): a clock costs more than any of them;
 - `KVAuditConnector`'s worker calls, every one vLLM makes at each step or layer
   (`bind_connector_metadata`, `start_load_kv`, `save_kv_layer`, `wait_for_save`, and
   those that collect results, `_COLLECT`): the vLLM layer's own work is their time
@@ -19,7 +20,8 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   method begins and ends, so that none of this probe's own bookkeeping (a few µs a call
   with the caches cold) counts as the vLLM layer's. A call bound straight to the wrapped
   connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`, `has_connector_metadata` at
-  every layer among them) has no vLLM layer: nothing of it is counted. One forwarded
+  every layer among them) has no vLLM layer: nothing of it is counted. Each method's own
+  time is kept too (`vllm_layer.<method>`). One forwarded
   call is left uncounted, `handle_preemptions` (once a step; its forwarder costs about
   3.5 µs cold beyond the wrapped connector's own, measured apart in bench/README.md): a
   clock around it would cost as much.
@@ -33,6 +35,11 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   `request_finished` and, from the warm-up's end on, every quarter second with its
   exporter thread's CPU; and those taken when the warm-up request finished (`first_step`),
   its spans exported first.
+- The probe's own clock reads. A window holds the end of the read that opens it and the start
+  of the one that closes it, and a window around a call to the wrapped connector the two
+  marks around that call as well: measured again on an empty window right after each call
+  (`_clock_read`, `_marks_read`), where the clock's code has just run (a low estimate), and
+  taken off the part's figure (kept as `probe.<part>`).
 - The cyclic garbage collector. A collection runs on whichever thread allocates past the
   collector's threshold and collects the whole process's young objects there: where one
   runs says little of what brought it on. Its CPU time is kept out of every clock above,
@@ -150,7 +157,11 @@ def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
             return function(*args, **kwargs)
         finally:
             ended = time.thread_time()
-            SECONDS[each] += _add(name, (started, *counts), (ended, *_counts()))
+            own = _add(name, (started, *counts), (ended, *_counts()))
+            probe = _clock_read()
+            SECONDS[name] -= probe
+            SECONDS[f"probe.{name}"] += probe
+            SECONDS[each] += own - probe
             CALLS[name] += 1
             CALLS[each] += 1
 
@@ -175,12 +186,31 @@ def _engine(side: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # The LMCache hook's own work (it calls these through the module: the wraps take effect).
-fetch.start = _timed("lmcache_hook", fetch.start)
 fetch.finish = _timed("lmcache_hook", fetch.finish)
 fetch.end_lookup = _timed("lmcache_hook", fetch.end_lookup)
 KvauditStorePlugin.batched_submit_put_task = _timed("lmcache_hook", KvauditStorePlugin.batched_submit_put_task)
 # Where the wrapped connector's method began and ended, inside the vLLM layer's current call.
 _INNER: list[tuple[float, float, int]] = []  # the marks
+
+
+def _clock_read() -> float:
+    """What a window holds of this probe's clock reads: the end of the read that opens it and
+    the start of the one that closes it, one read's CPU in all. Measured on an empty window
+    right after the clocked call, where the clock's code has just run: a low estimate of what
+    it took in the window, which the probe takes off (as `probe.<part>`), so that a part's
+    figure stays a high estimate of its own work."""
+    started = time.thread_time()
+    return time.thread_time() - started
+
+
+def _marks_read() -> float:
+    """`_clock_read` for a window around a call to the wrapped connector: its two pairs of
+    reads, and the marks around the wrapped method (`_marked`), on an empty method."""
+    _INNER.clear()
+    started = time.thread_time()
+    _EMPTY_MARKED()
+    ended = time.thread_time()
+    return ended - started - (_INNER[-1][0] - _INNER[0][0])
 
 
 def _inner_begins() -> None:
@@ -219,7 +249,10 @@ def _less_inner(
             if len(_INNER) >= 2:
                 inner = zip(_INNER[-1], _INNER[0], strict=True)
                 ended = tuple(end - (out - in_) for end, (out, in_) in zip(ended, inner, strict=True))
-            own = _add(key, (started, *counts), ended)
+            probe = _marks_read() if len(_INNER) >= 2 else _clock_read()
+            own = _add(key, (started, *counts), ended) - probe
+            SECONDS[key] -= probe
+            SECONDS[f"probe.{key}"] += probe
             if after is not None:
                 after(name, own, connector, answer)
 
@@ -242,6 +275,8 @@ _STEP: dict[str, Any] = {"idle": False, "began": 0.0}
 
 
 def _worker_call(name: str, own: float, connector: Any, answer: Any) -> None:
+    SECONDS[f"vllm_layer.{name}"] += own
+    CALLS[f"vllm_layer.{name}"] += 1
     if name == "bind_connector_metadata":
         _STEP["idle"] = not connector._units
     if _STEP["idle"]:
@@ -272,6 +307,13 @@ def _marked(function: Callable[..., Any]) -> Callable[..., Any]:
             _inner_ends()
 
     return marked
+
+
+def _empty() -> None:
+    """The wrapped method of `_marks_read`'s empty window."""
+
+
+_EMPTY_MARKED = _marked(_empty)
 
 
 class ProbedLMCacheConnector(CPULMCacheConnectorV1):
