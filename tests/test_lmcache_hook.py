@@ -674,7 +674,7 @@ def test_a_failing_hook_leaves_lmcache_serving(tmp_path: Path, monkeypatch: pyte
         raise RuntimeError("describing failed")
 
     monkeypatch.setattr(fetch, "fetch_page", broken)
-    monkeypatch.setattr(plugin, "object_facts", broken)
+    monkeypatch.setattr(plugin, "objects_facts", broken)
     before = runtime.failures()
     assert hook.instrument(replica="broken", export=f"file:{tmp_path}/broken.jsonl", guard=True)
     engine = cpu_engine("broken", **GEOMETRY_R1, storage_plugins=[hook.PLUGIN_NAME], extra_config=hook.plugin_config())

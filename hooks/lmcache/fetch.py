@@ -16,7 +16,7 @@ from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.guard import violations
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
 from kvaudit.hooks.lmcache.links import LINKS, LazyPages, Link
-from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, missing_page, object_facts, tier_of
+from kvaudit.hooks.lmcache.pages import backend_label, fetch_page, missing_page, object_facts, objects_facts, tier_of
 from kvaudit.hooks.lmcache.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -109,15 +109,13 @@ def finish(
     recorded = []
     used_pages = tokens_hit = 0
     ranges = state.ranges_of(keys)
-    for key, obj, token_range in zip(keys, objs, ranges, strict=False):
-        if obj is None:
+    for key, obj, facts, token_range in zip(keys, objs, objects_facts(objs), ranges, strict=False):
+        if facts is None:
             recorded.append((key, None, token_range, False, None))
             continue
         # LMCache uses a prefix: nothing after the first object it did not get.
         used = used_pages == len(recorded)
-        recorded.append(
-            (key, object_facts(obj), token_range, used, payload_checksum(obj) if rate and sampled(key, rate) else None)
-        )
+        recorded.append((key, facts, token_range, used, payload_checksum(obj) if rate and sampled(key, rate) else None))
         if used:
             used_pages += 1
             if token_range is not None:

@@ -19,6 +19,8 @@ import msgspec
 from kvaudit.contract import PageDescriptor, Tier, Transfer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.memory_management import MemoryObj
     from lmcache.v1.metadata import LMCacheMetadata
@@ -86,16 +88,29 @@ class ObjectFacts(msgspec.Struct, gc=False):
 READ_IN_PLACE: list[type] = []
 
 
+def objects_facts(objs: Sequence[MemoryObj | None]) -> list[ObjectFacts | None]:
+    """The facts of each object (None for a missing one), in one call: no Python call a chunk."""
+    facts: list[ObjectFacts | None] = []
+    for obj in objs:
+        if obj is None:
+            facts.append(None)
+        elif type(obj) in READ_IN_PLACE:
+            meta = obj.meta  # type: ignore[attr-defined]
+            shapes, dtypes = meta.shapes, meta.dtypes
+            # Its size is what its metadata is made of: worked out when read (`size_of`), not
+            # here, where `get_size` is four Python calls a chunk. The lists copied (in C): a
+            # recycled object's metadata may be given others.
+            groups = (tuple(shapes), tuple(dtypes)) if shapes is not None and dtypes is not None else None
+            facts.append(ObjectFacts(meta.dtype, meta.shape, meta.fmt, None, groups))
+        else:
+            facts.append(ObjectFacts(obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size()))
+    return facts
+
+
 def object_facts(obj: MemoryObj) -> ObjectFacts:
-    if type(obj) in READ_IN_PLACE:
-        meta = obj.meta  # type: ignore[attr-defined]
-        shapes, dtypes = meta.shapes, meta.dtypes
-        # Its size is what its metadata is made of: worked out when read (`size_of`), not
-        # here, where `get_size` is four Python calls a chunk. The lists copied (in C): a
-        # recycled object's metadata may be given others.
-        groups = (tuple(shapes), tuple(dtypes)) if shapes is not None and dtypes is not None else None
-        return ObjectFacts(meta.dtype, meta.shape, meta.fmt, None, groups)
-    return ObjectFacts(obj.get_dtype(), obj.get_shape(), obj.get_memory_format(), obj.get_size())
+    facts = objects_facts([obj])[0]
+    assert facts is not None
+    return facts
 
 
 def size_of(facts: ObjectFacts) -> int:

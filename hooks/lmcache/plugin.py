@@ -22,7 +22,7 @@ from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.hooks.lmcache import runtime
 from kvaudit.hooks.lmcache.checksums import payload_checksum, sampled
 from kvaudit.hooks.lmcache.links import LINKS, LazyPages
-from kvaudit.hooks.lmcache.pages import backend_label, object_facts, store_page
+from kvaudit.hooks.lmcache.pages import backend_label, objects_facts, store_page
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -95,10 +95,8 @@ class KvauditStorePlugin(StoragePluginInterface):
             self._geometry = state.kv_config(self.config, self.metadata).geometry
         # Read now, while LMCache holds the objects; the descriptors are made later (LazyPages).
         recorded = []
-        for key, obj, token_range in zip(keys, objs, ranges, strict=False):
-            recorded.append(
-                (key, object_facts(obj), token_range, payload_checksum(obj) if rate and sampled(key, rate) else None)
-            )
+        for key, obj, facts, token_range in zip(keys, objs, objects_facts(objs), ranges, strict=False):
+            recorded.append((key, facts, token_range, payload_checksum(obj) if rate and sampled(key, rate) else None))
             if token_range is not None:
                 stored += token_range[1] - token_range[0]
         metadata, hash_algo, geometry = self.metadata, state.hash_algo, self._geometry

@@ -512,12 +512,10 @@ class KVAuditConnector(KVConnectorBase_V1):
         for req_id, block_ids in full_block_tables(scheduler_output):
             request = self._requests.get(req_id)
             if request is not None:
-                plans.append(self._plan(request, block_ids))
+                plans.append(
+                    plan_for(request, block_ids, self._loads.pop(req_id, 0), self._local_tokens.get(req_id, 0))
+                )
         return plans
-
-    def _plan(self, request: Request, block_ids: list[int]) -> RequestPlan:
-        req_id = request.request_id
-        return plan_for(request, block_ids, self._loads.pop(req_id, 0), self._local_tokens.get(req_id, 0))
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._forget(request.request_id)

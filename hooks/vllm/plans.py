@@ -95,11 +95,6 @@ def remote_parent(trace_parent: tuple[int, int] | None) -> SpanContext | None:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags.SAMPLED)
 
 
-def block_keys(request: Request) -> list[str]:
-    """The page keys of the request's full blocks, in token order: vLLM's block hashes in hex."""
-    return hex_keys(request.block_hashes)
-
-
 def prompt_hashes(request: Request, blocks: int) -> list[bytes]:
     """The block hashes of the request's first `blocks` full blocks: a copy."""
     return request.block_hashes[:blocks]
@@ -114,7 +109,7 @@ def plan_for(request: Request, block_ids: list[int], load_tokens: int, local_tok
     return RequestPlan(
         req_id=request.request_id,
         request_id=external_request_id(request.request_id),
-        keys=block_keys(request),
+        keys=hex_keys(request.block_hashes),  # the request's full blocks, in token order
         block_ids=list(block_ids),
         load_tokens=load_tokens,
         local_tokens=local_tokens,

@@ -451,10 +451,10 @@ class Emitter:
         For an operation that begins and ends within one hook call and that no other
         names as its parent. The same span as `operation(...)` followed by
         `add_pages(describe)` and `end(outcome, ...)` (`amounts`: tokens hit, stored and
-        local, pages, bytes, as `end` takes them), for a third of the serving thread's
-        Python calls: the operation, its ids and its context are made on the exporter
-        thread (bench/README.md, "Operations recorded in one call"). Arguments are
-        positional: a call by keywords costs more. Never raises.
+        local, pages, bytes, as `end` takes them), in this one call and the queue's: the
+        operation, its ids and its context are made on the exporter thread (bench/README.md,
+        "Operations recorded in one call"). Arguments are positional: a call by keywords
+        costs more. Never raises.
         """
         try:
             parent = otel_context.get_current() if parent is None else parent
