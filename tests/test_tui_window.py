@@ -9,12 +9,16 @@ import asyncio
 import math
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.geometry import Region
 
 from kvaudit.alerts.rules import load_default_pack
 from kvaudit.analyse.audit import Finding
 from kvaudit.read.store import TraceStore
+from kvaudit.tui import cells
 from kvaudit.tui.alerting import DEFAULT_PACK, rule_alerting
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.figures import ReplicaFigures
@@ -23,6 +27,7 @@ from kvaudit.tui.screens.help import HelpScreen
 from kvaudit.tui.source import AUDITING, EVALUATING, LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
 from kvaudit.tui.widgets.replica_table import ReplicaTable
+from kvaudit.tui.widgets.sortable_table import Column, SortableTable
 from kvaudit.tui.window import window_named
 
 from .test_tui_app import PACKED, UNPACKED, live_app, plant_bad_fetch, planted_layout_mismatch, until
@@ -188,6 +193,41 @@ def test_80x24_shows_the_columns_that_matter_and_the_rest_on_demand(fleet: Fleet
             assert not app.query_one("#replicas").display
             await pilot.press("z")
             await until(lambda: findings.size.height == height)
+
+    asyncio.run(scenario())
+
+
+class Keys(SortableTable[str]):
+    COLUMNS: ClassVar = (Column("key", cells.plain, str), Column("n", lambda k: cells.plain(len(k)), len))
+
+    def row_key(self, item: str) -> str:
+        return item
+
+
+def test_a_table_drawn_before_it_measures_shows_its_columns_whole():
+    """The screen may draw a table between its rows arriving and its idle (a loaded machine
+    does): lines drawn at the labels' widths then stayed in DataTable's render cache (`KVA0`)."""
+
+    class Host(App[None]):
+        CSS = "Keys { height: 1fr; }"  # as the findings panel's: rows arriving resize nothing
+
+        def compose(self) -> ComposeResult:
+            yield Keys()
+
+    async def scenario() -> None:
+        app = Host()
+        async with app.run_test(size=(40, 6)) as pilot:
+            table = app.query_one(Keys)
+            await pilot.pause()
+            table.show(["bad0bad0bad0", "7e577e577e577e57"])
+            table.render_lines(Region(0, 0, table.size.width, table.size.height))  # drawn before the idle
+            await pilot.pause()
+            lines = [strip.text for strip in table.render_lines(Region(0, 0, table.size.width, 3))]
+            assert [line.rstrip() for line in lines] == [
+                " key ▲             n",
+                " 7e577e577e577e57  16",
+                " bad0bad0bad0      12",
+            ]
 
     asyncio.run(scenario())
 

@@ -5,6 +5,12 @@ that order, so a narrow terminal (80 columns) keeps the ones that matter and dro
 rest rather than scrolling them out of sight; `c` shows them all (scrolling sideways). A
 `flex` column (a message) takes the width that is left, cut with an ellipsis, when its
 whole text does not fit; the drill-down shows it whole.
+
+Every column is added at the width measured here, never left for DataTable to measure:
+it measures new rows only when its message queue is next empty, and lines drawn before
+that, at the labels' widths, stay in its render cache (keyed on an update count the
+measuring does not change), so a busy machine could show `KVA0` for `KVA004` until the
+cursor moved.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ class SortableTable(DataTable[RenderableType], Generic[T]):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002 - Textual's name
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         self._items: list[T] = []
-        self._layout: tuple[tuple[int, int | None], ...] = ()  # (column index, fixed width or None) shown
+        self._layout: tuple[tuple[int, int], ...] = ()  # (column index, width) shown
 
     def row_key(self, item: T) -> str:
         raise NotImplementedError
@@ -70,7 +76,7 @@ class SortableTable(DataTable[RenderableType], Generic[T]):
         column = self.COLUMNS[self.sort_index]
         ordered = sorted(items, key=column.sort, reverse=column.descending)
         if ordered == self._items and self.row_count == len(ordered):
-            return  # unchanged: a rebuild would only flicker and re-measure the columns
+            return  # unchanged: a rebuild would only flicker
         self._items = ordered
         if self._fit() != self._layout:
             self._rebuild()
@@ -121,31 +127,35 @@ class SortableTable(DataTable[RenderableType], Generic[T]):
             cells = [self._cell(item, i, width) for i, width in self._layout]
             self.add_row(*cells, key=key if seen[key] == 1 else f"{key}#{seen[key]}")
 
-    def _cell(self, item: T, index: int, width: int | None) -> RenderableType:
+    def _cell(self, item: T, index: int, width: int) -> RenderableType:
         cell = self.COLUMNS[index].cell(item)
-        if width is not None and isinstance(cell, Text):
+        if isinstance(cell, Text) and cell.cell_len > width:  # a flex column's cut
             cell = cell.copy()
             cell.no_wrap, cell.overflow = True, "ellipsis"
         return cell
 
-    def _fit(self) -> tuple[tuple[int, int | None], ...]:
-        """The columns that fit the width, most important first; every column when asked or not yet sized."""
+    def _fit(self) -> tuple[tuple[int, int], ...]:
+        """The columns that fit the width, most important first, with their widths; all when asked or not yet sized.
+
+        A width that changes (a longer key, the sort arrow moving) changes the layout: the
+        table is rebuilt with the new widths.
+        """
         room = self.scrollable_content_region.width
         if self.all_columns or room <= 0:
-            return tuple((i, None) for i in range(len(self.COLUMNS)))
+            return tuple((i, self._natural_width(i)) for i in range(len(self.COLUMNS)))
         padding = 2 * self.cell_padding
-        layout: list[tuple[int, int | None]] = []
+        layout: list[tuple[int, int]] = []
         used = 0
         for i, column in enumerate(self.COLUMNS):
-            width = self._natural_width(i) + padding
-            if used + width <= room:
-                layout.append((i, None))
-                used += width
+            natural = self._natural_width(i)
+            if used + natural + padding <= room:
+                layout.append((i, natural))
+                used += natural + padding
                 continue
             if column.flex and room - used >= FLEX_MIN + padding:
                 layout.append((i, room - used - padding))
             break
-        return tuple(layout) or ((0, None),)
+        return tuple(layout) or ((0, self._natural_width(0)),)
 
     def _natural_width(self, index: int) -> int:
         column = self.COLUMNS[index]
