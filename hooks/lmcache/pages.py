@@ -120,8 +120,8 @@ def size_of(facts: ObjectFacts) -> int:
     if facts.groups is not None:
         from lmcache.utils import get_size_bytes
 
-        return int(get_size_bytes(list(facts.groups[0]), list(facts.groups[1])))
-    return int(facts.shape.numel() * facts.dtype.itemsize)  # type: ignore[attr-defined]
+        return get_size_bytes(*facts.groups)
+    return facts.shape.numel() * facts.dtype.itemsize  # type: ignore[attr-defined]
 
 
 def store_page(
