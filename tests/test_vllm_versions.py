@@ -223,7 +223,8 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
     """A decode step (no plan) gets the wrapped connector's calls as any step does, with its
     metadata, and none of the step before: its rejected blocks were reported once, its span
     recorded once. Where the wrapper observes nothing (the calls at every layer, the step's
-    end) vLLM calls the wrapped connector's method itself."""
+    end, and in a step with nothing to load or store its load, save and load errors) vLLM
+    calls the wrapped connector's method itself."""
     steps = _report(reports, release)["steps"]
     calls = [
         "bind_connector_metadata",
@@ -232,8 +233,13 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
         "get_block_ids_with_load_errors",
         "clear_connector_metadata",
     ]
-    assert steps["planned"] == {"calls": calls, "bound_inner": [True], "reported": [3, 4, 901]}
-    assert steps["unplanned"] == {"calls": calls, "bound_inner": [True], "reported": [901]}
+    assert steps["planned"] == {"calls": calls, "bound_inner": [True], "reported": [3, 4, 901], "straight": []}
+    assert steps["unplanned"] == {
+        "calls": calls,
+        "bound_inner": [True],
+        "reported": [901],
+        "straight": ["start_load_kv", "wait_for_save", "get_block_ids_with_load_errors"],
+    }
     assert steps["spans"] == {"fetch": 1, "store": 0}
     assert steps["straight"] == [
         "has_connector_metadata",

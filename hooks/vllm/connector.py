@@ -100,9 +100,15 @@ _STRAIGHT = (
     "get_kv_connector_kv_cache_events",
     "build_connector_worker_meta",
 )
+# The worker's calls of a step that kvaudit observes only in a step with a unit to load or
+# store: in any other step (a decode step, one that only collects finished requests) each is
+# bound straight to the inner connector's method, from that step's `bind_connector_metadata`
+# on (`_pass_step_through`); a rejected block is reported in the step that rejected it.
+_STRAIGHT_WITHOUT_UNITS = ("start_load_kv", "wait_for_save", "get_block_ids_with_load_errors")
 # On the scheduler side (the thread that schedules every step): once a step, or once a
 # request as it arrives, is scheduled or finishes.
 _STRAIGHT_SCHEDULER = (
+    "get_kv_connector_stats",
     "on_new_request",
     "may_load_async",
     "get_external_cache_hit_sources",
@@ -198,6 +204,11 @@ class KVAuditConnector(KVConnectorBase_V1):
             # Only what the running vLLM's base class declares (and so calls).
             if hasattr(KVConnectorBase_V1, name):
                 setattr(self, name, getattr(self._inner, name))
+        # Worker side: the step's calls go straight to the inner connector's until a step has a unit.
+        self._without_units = {name: getattr(self._inner, name) for name in _STRAIGHT_WITHOUT_UNITS} if worker else {}
+        self._passed_through = False
+        if worker:
+            self._pass_step_through(True)
         # Scheduler side with `prevent`: the tag every request's LMCache keys carry.
         self._prevent_tag: dict[str, str] | None = None
         if not worker:
@@ -242,17 +253,29 @@ class KVAuditConnector(KVConnectorBase_V1):
             # (`build_connector_meta`); a format may still follow a request planned before.
             inner, plans = connector_metadata, []
         self._units = self._observed(self._format.units, inner, plans) or []
+        through = not self._units
+        if through is not self._passed_through:  # looked at here: a call a step costs more
+            self._pass_step_through(through)
         return self._inner.bind_connector_metadata(inner)
+
+    def _pass_step_through(self, through: bool) -> None:
+        """Bind the step's calls (`_STRAIGHT_WITHOUT_UNITS`) straight to the inner connector's
+        methods, or back to the wrapper's; called only where a step differs from the one before,
+        so that a run of decode steps pays nothing for it (bench/README.md, "The steps with
+        nothing to observe")."""
+        self._passed_through = through
+        if through:
+            vars(self).update(self._without_units)
+        else:
+            for name in self._without_units:
+                del vars(self)[name]
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> Any:
         self._kv_caches = kv_caches
         return self._inner.register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> Any:
-        if not self._units:
-            # No load or store to observe: a running request's decode steps, or a step
-            # that only collects finished requests.
-            return self._inner.start_load_kv(forward_context, **kwargs)
+        # A step with units (others call the inner connector's method: `_pass_step_through`).
         loads = [unit for unit in self._units if not unit.is_store]
         if not loads:
             answer = self._inner.start_load_kv(forward_context, **kwargs)
@@ -336,8 +359,6 @@ class KVAuditConnector(KVConnectorBase_V1):
         fetch.end(outcome, tokens_hit=used_tokens)
 
     def wait_for_save(self) -> Any:
-        if not self._units:
-            return self._inner.wait_for_save()
         self._open_stores()
         try:
             answer = self._inner.wait_for_save()

@@ -9,7 +9,7 @@ metadata, next to the inner connector's own metadata.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -117,7 +117,7 @@ def plan_for(request: Request, block_ids: list[int], load_tokens: int, local_tok
     )
 
 
-def full_block_tables(scheduler_output: SchedulerOutput) -> Iterator[tuple[str, list[int]]]:
+def full_block_tables(scheduler_output: SchedulerOutput) -> list[tuple[str, list[int]]]:
     """(request id, block ids of the first KV cache group) of each request whose whole
     block table this step carries: new requests and requests resumed after preemption.
 
@@ -127,9 +127,15 @@ def full_block_tables(scheduler_output: SchedulerOutput) -> Iterator[tuple[str, 
     the meaning of its third value: "resumed from preemption" in 0.32 (False for new
     requests), "is the whole block table" since 0.33 (True for new requests). On every
     supported release a request carries its whole table when it is new or that value is
-    set.
+    set; a step with neither a new nor a resumed request (a decode step) carries none, and
+    is not walked.
     """
-    new = {request.req_id for request in scheduler_output.scheduled_new_reqs}
-    for req_id, block_id_groups, resumed_or_whole_table in yield_req_data(scheduler_output):
-        if block_id_groups and (resumed_or_whole_table or req_id in new):
-            yield req_id, list(block_id_groups[0])
+    new_requests = scheduler_output.scheduled_new_reqs
+    if not new_requests and not getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", None):
+        return []
+    new = {request.req_id for request in new_requests}
+    return [
+        (req_id, list(block_id_groups[0]))
+        for req_id, block_id_groups, resumed_or_whole_table in yield_req_data(scheduler_output)
+        if block_id_groups and (resumed_or_whole_table or req_id in new)
+    ]

@@ -50,7 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvaudit.hooks.vllm import delegation as kvaudit_delegation
 from kvaudit.hooks.vllm import register
-from kvaudit.hooks.vllm.connector import KVAuditConnector, KVAuditHMAConnector
+from kvaudit.hooks.vllm.connector import _STRAIGHT_WITHOUT_UNITS, KVAuditConnector, KVAuditHMAConnector
 from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan
 from kvaudit.otlp.schema import HEAD_DECODER
 
@@ -488,6 +488,8 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
         metadata = Arg(f"{step} metadata")
         # A step with no plan gets the inner connector's metadata as it is (build_connector_meta).
         wrapper.bind_connector_metadata(KVAuditMetadata(metadata, plans) if plans else metadata)
+        # The step's calls that reach the wrapped connector's method with no wrapper frame.
+        through = [name for name in _STRAIGHT_WITHOUT_UNITS if getattr(wrapper, name) == getattr(inner, name)]
         wrapper.start_load_kv(Arg(f"{step} forward context"))
         wrapper.wait_for_save()
         reported = wrapper.get_block_ids_with_load_errors()
@@ -496,6 +498,7 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
             "calls": [name for name, _, _ in inner.calls],
             "bound_inner": [args[0] is metadata for name, args, _ in inner.calls if name == "bind_connector_metadata"],
             "reported": sorted(reported),
+            "straight": through,
         }
     # Calls at every layer or step with no wrapper frame between vLLM and the wrapped
     # connector's method (docs/design.md section 6.1).
