@@ -224,7 +224,8 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
     metadata, and none of the step before: its rejected blocks were reported once, its span
     recorded once. Where the wrapper observes nothing (the calls at every layer, the step's
     end, and in a step with nothing to load or store its load, save and load errors) vLLM
-    calls the wrapped connector's method itself."""
+    calls the wrapped connector's method itself. A step whose units the hook fails to make
+    is served as one with none."""
     steps = _report(reports, release)["steps"]
     calls = [
         "bind_connector_metadata",
@@ -240,6 +241,8 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
         "reported": [901],
         "straight": ["start_load_kv", "wait_for_save", "get_block_ids_with_load_errors"],
     }
+    # The hook failing to make a step's units: the step is served as one with none (fail open).
+    assert steps["failing"] == steps["unplanned"]
     assert steps["spans"] == {"fetch": 1, "store": 0}
     assert steps["straight"] == [
         "has_connector_metadata",

@@ -36,6 +36,8 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from itertools import filterfalse
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_IS_STORE = attrgetter("is_store")
 # Calls kvaudit observes nothing in and that are never given its metadata, bound straight
 # to the inner connector's own methods, no forwarder frame in between (docs/design.md
 # section 5: what the serving thread pays). In a worker: at every layer (tens a step on a
@@ -252,7 +255,11 @@ class KVAuditConnector(KVConnectorBase_V1):
             # A step with no plan: the scheduler sent the inner connector's metadata as it is
             # (`build_connector_meta`); a format may still follow a request planned before.
             inner, plans = connector_metadata, []
-        self._units = self._observed(self._format.units, inner, plans) or []
+        try:  # `_observed`, written out: one call fewer at every step
+            self._units = self._format.units(inner, plans)
+        except Exception as exc:
+            self._units = []
+            self._failed(self._format.units, exc)
         through = not self._units
         if through is not self._passed_through:  # looked at here: a call a step costs more
             self._pass_step_through(through)
@@ -276,7 +283,7 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> Any:
         # A step with units (others call the inner connector's method: `_pass_step_through`).
-        loads = [unit for unit in self._units if not unit.is_store]
+        loads = list(filterfalse(_IS_STORE, self._units))  # no Python frame, unlike a comprehension
         if not loads:
             answer = self._inner.start_load_kv(forward_context, **kwargs)
             self._open_stores()
@@ -325,10 +332,14 @@ class KVAuditConnector(KVConnectorBase_V1):
         try:
             return describe(*args)
         except Exception as exc:
-            if not self._observation_failed:
-                self._observation_failed = True
-                logger.warning("kvaudit: %s failed (%r); serving continues", describe.__name__, exc, exc_info=True)
+            self._failed(describe, exc)
             return None
+
+    def _failed(self, describe: Callable[..., Any], exc: Exception) -> None:
+        """Say once that one of the hook's observations failed."""
+        if not self._observation_failed:
+            self._observation_failed = True
+            logger.warning("kvaudit: %s failed (%r); serving continues", describe.__name__, exc, exc_info=True)
 
     def _finish_fetch(self, unit: Unit, fetch: Operation, pages: list[PageDescriptor]) -> None:
         stamp = read_stamp(self._settings.stamp_dir, [page.key for page in pages if page.key])
@@ -405,13 +416,14 @@ class KVAuditConnector(KVConnectorBase_V1):
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 
     def _operation(self, op: Op, unit: Unit) -> Operation:
+        traced = unit.plan.trace_parent
         operation = self._emitter.operation(
             op,
             hook=Hook.VLLM_CONNECTOR,
             request_id=unit.plan.request_id,
             backend=self._format.backend,
             tokens_requested=unit.num_tokens,
-            parent=remote_parent(unit.plan.trace_parent),
+            parent=remote_parent(traced) if traced is not None else None,  # a call fewer for most
         )
         if self._layer is not None:
             self._layer.join(unit, operation)
@@ -520,23 +532,21 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         inner_meta = self._inner.build_connector_meta(scheduler_output)
-        plans = self._plans(scheduler_output)
-        # A step with no plan (a decode step, one that collects finished requests) sends the
-        # inner connector's metadata as it is: where the workers run in processes of their own,
-        # vLLM pickles it to them and each unpickles it on its serving thread, and a wrapper
-        # took 8-9 µs more a step there with the caches cold (bench/README.md, "The metadata
-        # kvaudit sends").
-        return KVAuditMetadata(inner_meta, plans) if plans else inner_meta
-
-    def _plans(self, scheduler_output: SchedulerOutput) -> list[RequestPlan]:
-        plans = []
+        # The plans of the requests whose whole block table the step carries (written out
+        # here: a call fewer at every step).
+        plans: list[RequestPlan] = []
         for req_id, block_ids in full_block_tables(scheduler_output):
             request = self._requests.get(req_id)
             if request is not None:
                 plans.append(
                     plan_for(request, block_ids, self._loads.pop(req_id, 0), self._local_tokens.get(req_id, 0))
                 )
-        return plans
+        # A step with no plan (a decode step, one that collects finished requests) sends the
+        # inner connector's metadata as it is: where the workers run in processes of their own,
+        # vLLM pickles it to them and each unpickles it on its serving thread, and a wrapper
+        # took 8-9 µs more a step there with the caches cold (bench/README.md, "The metadata
+        # kvaudit sends").
+        return KVAuditMetadata(inner_meta, plans) if plans else inner_meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._forget(request.request_id)

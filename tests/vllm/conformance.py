@@ -472,18 +472,21 @@ def aggregator(base: VllmConfig, work: Path) -> dict[str, Any]:
 
 
 def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
-    """Two engine steps as vLLM's model runner makes them: one loading a planned request
-    (the guard rejects its pages, see `aggregator`), then one with no plan (a decode step).
+    """Engine steps as vLLM's model runner makes them: one loading a planned request (the
+    guard rejects its pages, see `aggregator`), then one with no plan (a decode step), then
+    a planned one whose units the hook fails to make.
 
     What the wrapped connector got at each step, what each step reported, and the spans
-    recorded: the second step must reach the wrapped connector as the first did and leave
-    nothing of the first behind.
+    recorded: each later step must reach the wrapped connector as the first did and leave
+    nothing of the one before behind; the failing one passes through as if it had no unit.
     """
     wrapper = _wrapper(base, work, KVAuditConnector, KVConnectorRole.WORKER, {**RECORDING, "guard": True})
     inner = wrapper._inner
     plan = RequestPlan("stepped", "stepped", ["aa" * 32, "bb" * 32], [3, 4], load_tokens=2 * BLOCK)
     observed: dict[str, Any] = {}
-    for step, plans in (("planned", [plan]), ("unplanned", [])):
+    for step, plans in (("planned", [plan]), ("unplanned", []), ("failing", [plan])):
+        if step == "failing":
+            wrapper._format.units = _failing_units
         inner.calls.clear()
         metadata = Arg(f"{step} metadata")
         # A step with no plan gets the inner connector's metadata as it is (build_connector_meta).
@@ -510,6 +513,10 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
     names = [span.name for span in _exported_spans(wrapper)]
     observed["spans"] = {op: names.count(f"kvaudit.{op}") for op in ("fetch", "store")}
     return observed
+
+
+def _failing_units(*_: Any) -> list[Any]:
+    raise RuntimeError("the hook's own failure")
 
 
 def _exported_spans(wrapper: Any) -> list[Any]:
