@@ -20,7 +20,9 @@ own work, in the worker and on the scheduler's side (its lookup of each request 
 plans it sends the worker), after a warm-up request (the first step holds one-time
 costs, such as the LMCache hook making its emitter). Garbage collections are taken off
 every clock and each part is given its share of them by the allocations it makes
-(`_gc_share`). The steps with nothing to store or fetch are reported on their own too:
+(`_gc_share`). Each side also prints the shortest transfer, a request and a chunk, that the
+hooks' cost measured would be 1% of: what the goal needs of an engine (a faster copy, a
+GPU's, needs larger pages). The steps with nothing to store or fetch are reported on their own too:
 the hooks' time in each beside the worker's step. The exporter threads, which build,
 encode and write the spans off the serving thread, are reported apart: CPU that serving
 does not wait for, except where it waits for the GIL (docs/design.md section 2).
@@ -232,7 +234,8 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
         f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f} in the worker, "
         f"{scheduler_side / REQUESTS * us:6.1f} in the scheduler, "
         f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
-        f"wall time, {hooks / engine_cpu:6.2%} of its CPU (goal < 1%); exporter threads "
+        f"wall time, {hooks / engine_cpu:6.2%} of its CPU (goal < 1%: met by a transfer of "
+        f"{hooks / REQUESTS * 1e5:.1f} ms a request, {hooks / pages * 1e5:.2f} ms a chunk, or more); exporter threads "
         f"{exporters / REQUESTS * us:6.1f} us/request, off the serving thread; garbage collection: the hooks' "
         f"share {collections / REQUESTS * us:5.1f} us/request (counted above), collections run inside their calls "
         f"{inside / REQUESTS * us:6.1f} us/request (not counted); the probe's own clock reads inside the hooks' "
