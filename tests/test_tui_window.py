@@ -14,6 +14,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.geometry import Region
+from textual.widgets import DataTable
 
 from kvaudit.alerts.rules import load_default_pack
 from kvaudit.analyse.audit import Finding
@@ -22,8 +23,10 @@ from kvaudit.tui import cells
 from kvaudit.tui.alerting import DEFAULT_PACK, rule_alerting
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.figures import ReplicaFigures
+from kvaudit.tui.reuse_left import LostRequest
 from kvaudit.tui.screens.drill import DrillScreen
 from kvaudit.tui.screens.help import HelpScreen
+from kvaudit.tui.screens.lost_requests import LostRequestsScreen
 from kvaudit.tui.source import AUDITING, EVALUATING, LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
 from kvaudit.tui.widgets.replica_table import ReplicaTable
@@ -227,6 +230,37 @@ def test_a_table_drawn_before_it_measures_shows_its_columns_whole():
                 " key ▲             n",
                 " 7e577e577e577e57  16",
                 " bad0bad0bad0      12",
+            ]
+
+    asyncio.run(scenario())
+
+
+def test_a_loading_screens_table_drawn_before_it_measures_shows_its_columns_whole():
+    """The drill-down screens' tables (`LoadingScreen.fill`: the requests that lost reuse, a
+    request's explain) take their rows at once, the same way: drawn before DataTable's idle,
+    their lines stayed at the labels' widths (the request id cut to `req-7e5`)."""
+    requests = [LostRequest("req-7e577e577e57", 0, 1024, 256, 1024, 768, {"evicted": 768})]
+    loaded: list[LostRequest] = []  # the screen's own load finds nothing; the rows come later
+
+    class Host(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(LostRequestsScreen("r1", "5m", lambda _: loaded, lambda *_: None))
+
+    async def scenario() -> None:
+        app = Host()
+        async with app.run_test(size=(100, 8)) as pilot:
+            await until(lambda: isinstance(app.screen, LostRequestsScreen))
+            screen = app.screen
+            assert isinstance(screen, LostRequestsScreen)
+            await until(lambda: "no request" in str(screen.query_one("#requests").border_subtitle))
+            table = screen.query_one(DataTable)
+            screen.show(requests)
+            table.render_lines(Region(0, 0, table.size.width, table.size.height))  # drawn before the idle
+            await pilot.pause()
+            lines = [strip.text.rstrip() for strip in table.render_lines(Region(0, 0, table.size.width, 2))]
+            assert lines == [
+                " request           lost tok  hit tok  achievable tok  prompt tok  lost most to",
+                " req-7e577e577e57  768       256      1024            1024        evicted",
             ]
 
     asyncio.run(scenario())

@@ -7,9 +7,11 @@ a replica named `[/]` would crash the table), with control characters as escapes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.text import Text
 
 from kvaudit.safe_text import visible
@@ -75,3 +77,14 @@ def short_key(key: str | None, width: int = 16) -> str:
         return "–"
     key = visible(key)
     return key if len(key) <= width else key[: width - 1] + "…"
+
+
+def column_width(console: Console, label_width: int, column: Iterable[RenderableType]) -> int:
+    """The width a table column needs: its label's or its widest cell's, as Rich measures it.
+
+    Tables add their columns at this width rather than leave DataTable to measure them: it
+    measures new rows only when its message queue is next empty, and lines drawn before
+    that, at the labels' widths, stay in its render cache (keyed on an update count the
+    measuring does not change), so a busy machine could show `KVA0` for `KVA004`.
+    """
+    return max(label_width, *(Measurement.get(console, console.options, cell).maximum for cell in column), 1)

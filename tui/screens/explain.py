@@ -58,18 +58,21 @@ class ExplainScreen(LoadingScreen[Explanation | None]):
             summary.update(Text("no such request in the traces", style="dim italic"))
             return
         summary.update(_summary(explanation))
-        table = self.query_one(DataTable)
-        for page in explanation.pages:
-            table.add_row(
-                Text(str(page.page)),
-                Text(f"{page.token_start}-{page.token_end}"),
-                Text(page.cause.value, style=cause_style(page.cause)),
-                cells.plain(page.where),
-                cells.plain(page.producer),
-                Text(page.since_lookup(page.stored_ns)),
-                cells.plain(page.eviction()),
-                cells.plain(page.rule or ""),
-            )
+        self.fill(
+            [
+                (
+                    Text(str(page.page)),
+                    Text(f"{page.token_start}-{page.token_end}"),
+                    Text(page.cause.value, style=cause_style(page.cause)),
+                    cells.plain(page.where),
+                    cells.plain(page.producer),
+                    Text(page.since_lookup(page.stored_ns)),
+                    cells.plain(page.eviction()),
+                    cells.plain(page.rule or ""),
+                )
+                for page in explanation.pages
+            ]
+        )
 
 
 def _summary(explanation: Explanation) -> Table:

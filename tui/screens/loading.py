@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Generic, TypeVar
 
+from rich.console import RenderableType
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable
+
+from kvaudit.tui import cells
 
 Loaded = TypeVar("Loaded")
 
@@ -17,7 +21,8 @@ class LoadingScreen(Screen[None], Generic[Loaded]):
 
     `load` runs in a worker thread, since a query over the traces can take seconds and the
     UI must stay live meanwhile; `show` then runs on the UI thread with what it returned.
-    Escape goes back. `COLUMNS`, where the table's columns are fixed, are added at mount.
+    Escape goes back. `COLUMNS`, where the table's columns are fixed, are added at mount,
+    and again at the widths their cells need when `fill` puts the rows in.
     """
 
     BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back")]
@@ -41,3 +46,11 @@ class LoadingScreen(Screen[None], Generic[Loaded]):
     def show(self, loaded: Loaded) -> None:
         """Fill the screen with what `load` returned (on the UI thread)."""
         raise NotImplementedError
+
+    def fill(self, rows: Sequence[Sequence[RenderableType]]) -> None:
+        """Put `rows` in the table, under `COLUMNS` each at the width its cells need (`cells.column_width`)."""
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        for i, label in enumerate(self.COLUMNS):
+            table.add_column(label, width=cells.column_width(self.app.console, len(label), (row[i] for row in rows)))
+        table.add_rows(rows)

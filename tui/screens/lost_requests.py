@@ -55,16 +55,19 @@ class LostRequestsScreen(LoadingScreen[list[LostRequest]]):
 
     def show(self, requests: list[LostRequest]) -> None:
         self._requests = requests
-        table = self.query_one(DataTable)
-        for request in requests:
-            table.add_row(
-                cells.plain(request.request_id),
-                cells.count(request.lost_tokens),
-                cells.count(request.hit_tokens),
-                cells.count(request.achievable_tokens),
-                cells.plain(request.prompt_tokens),
-                cells.plain(request.main_cause, style="yellow"),
-            )
+        self.fill(
+            [
+                (
+                    cells.plain(request.request_id),
+                    cells.count(request.lost_tokens),
+                    cells.count(request.hit_tokens),
+                    cells.count(request.achievable_tokens),
+                    cells.plain(request.prompt_tokens),
+                    cells.plain(request.main_cause, style="yellow"),
+                )
+                for request in requests
+            ]
+        )
         subtitle = f"the {SHOWN} that lost most" if len(requests) == SHOWN else f"all {len(requests)}"
         self.query_one("#requests", Vertical).border_subtitle = (
             f"{subtitle} · enter: explain" if requests else f"no request of this replica was looked up in {self.window}"

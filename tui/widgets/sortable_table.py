@@ -6,11 +6,8 @@ rest rather than scrolling them out of sight; `c` shows them all (scrolling side
 `flex` column (a message) takes the width that is left, cut with an ellipsis, when its
 whole text does not fit; the drill-down shows it whole.
 
-Every column is added at the width measured here, never left for DataTable to measure:
-it measures new rows only when its message queue is next empty, and lines drawn before
-that, at the labels' widths, stay in its render cache (keyed on an update count the
-measuring does not change), so a busy machine could show `KVA0` for `KVA004` until the
-cursor moved.
+Every column is added at the width measured here (`cells.column_width`), never left for
+DataTable to measure.
 """
 
 from __future__ import annotations
@@ -20,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, TypeVar
 
 from rich.console import RenderableType
-from rich.measure import Measurement
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.widgets import DataTable
+
+from kvaudit.tui import cells
 
 T = TypeVar("T")
 
@@ -124,8 +122,8 @@ class SortableTable(DataTable[RenderableType], Generic[T]):
             key = self.row_key(item)
             # Equal keys would make DataTable refuse the row; a repeat gets its ordinal.
             seen[key] = seen.get(key, 0) + 1
-            cells = [self._cell(item, i, width) for i, width in self._layout]
-            self.add_row(*cells, key=key if seen[key] == 1 else f"{key}#{seen[key]}")
+            row = [self._cell(item, i, width) for i, width in self._layout]
+            self.add_row(*row, key=key if seen[key] == 1 else f"{key}#{seen[key]}")
 
     def _cell(self, item: T, index: int, width: int) -> RenderableType:
         cell = self.COLUMNS[index].cell(item)
@@ -160,9 +158,7 @@ class SortableTable(DataTable[RenderableType], Generic[T]):
     def _natural_width(self, index: int) -> int:
         column = self.COLUMNS[index]
         label = len(column.label) + (2 if index == self.sort_index else 0)
-        console = self.app.console
-        cells = (Measurement.get(console, console.options, column.cell(item)).maximum for item in self._items)
-        return max(label, *cells, 1)
+        return cells.column_width(self.app.console, label, map(column.cell, self._items))
 
     def _current_key(self) -> str | None:
         if not self.row_count or not self.is_valid_row_index(self.cursor_row):
