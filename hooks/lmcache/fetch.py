@@ -66,7 +66,7 @@ def failed(
     state: Runtime, manager: StorageManager, op: Op, began: Began, keys: Sequence[Any], location: str | None
 ) -> None:
     """Record an operation LMCache's call raised in."""
-    _record(state, manager, op, began, location, state.range_of(keys[-1]) if keys else None, Outcome.ERROR, None)
+    _record(state, manager, op, began, location, state.last_range(keys), Outcome.ERROR, None)
 
 
 def carries_metadata(manager: StorageManager, location: str | None) -> bool:
@@ -218,7 +218,7 @@ def _finish_guarded(
                 obj.ref_count_down()
                 objs[index] = None
     outcome = _outcome(used_pages, len(keys), rejected_at is not None)
-    last = state.range_of(keys[-1]) if keys else None
+    last = state.last_range(keys)
     _end(state, manager, began, location, last, outcome, tokens_hit, fetched.__iter__, told)
     return objs
 
@@ -270,7 +270,7 @@ def _outcome(used: int, requested: int, rejected: bool) -> Outcome:
 
 def end_lookup(state: Runtime, manager: StorageManager, began: Began, keys: Sequence[CacheEngineKey], hit: int) -> None:
     """Record a lookup that found the first `hit` of `keys`."""
-    last = state.range_of(keys[-1]) if keys else None
+    last = state.last_range(keys)
     if not hit:
         _record(state, manager, Op.LOOKUP, began, None, last, Outcome.MISS, 0)
         return

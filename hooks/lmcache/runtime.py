@@ -122,6 +122,10 @@ class Runtime:
     def range_of(self, key: CacheEngineKey) -> tuple[int, int] | None:
         return self._ranges.get(key.chunk_hash)
 
+    def last_range(self, keys: Sequence[CacheEngineKey]) -> tuple[int, int] | None:
+        """The token range of an operation's last key: where it ends (None without keys)."""
+        return self._ranges.get(keys[-1].chunk_hash) if keys else None
+
     def ranges_of(self, keys: Sequence[CacheEngineKey]) -> list[tuple[int, int] | None]:
         """`range_of` each key, in one call (an operation's chunks, on the serving thread):
         a loop in C, where a list comprehension is a Python call of its own (Python 3.11)."""
