@@ -15,7 +15,7 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   operation), taken off the engine's figure. The instrumentor's thin wrappers stay
   uncounted (around each wrapped method a call, a context variable, the link's lookup and
   the clock read where the operation begins, `_began`; and a dict store per chunk LMCache
-  hashes, `Runtime.remember_range`): a clock costs more than any of them;
+  hashes, in the wrapper of its `process_tokens`): a clock costs more than any of them;
 - `KVAuditConnector`'s worker calls, every one vLLM makes at each step or layer
   (`bind_connector_metadata`, `start_load_kv`, `save_kv_layer`, `wait_for_save`, and
   those that collect results, `_COLLECT`): the vLLM layer's own work is their time
@@ -24,10 +24,8 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   with the caches cold) counts as the vLLM layer's. A call bound straight to the wrapped
   connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`, `has_connector_metadata` at
   every layer among them) has no vLLM layer: nothing of it is counted. Each method's own
-  time is kept too (`vllm_layer.<method>`). One forwarded
-  call is left uncounted, `handle_preemptions` (once a step; its forwarder costs about
-  3.5 µs cold beyond the wrapped connector's own, measured apart in bench/README.md): a
-  clock around it would cost as much.
+  time is kept too (`vllm_layer.<method>`). `handle_preemptions` (once a step) is vLLM's
+  no-op in LMCache's connector, bound straight to it too.
 - `KVAuditConnector`'s scheduler-side calls, in the EngineCore process (vLLM's CPU build
   runs its worker in a process of its own; on one GPU the worker shares the scheduler's
   thread): every one vLLM's scheduler makes per request or per step (`_SCHEDULER`),

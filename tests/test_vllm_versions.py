@@ -244,6 +244,8 @@ def test_a_step_with_no_plan_reaches_the_wrapped_connector_and_records_nothing(
     # The hook failing to make a step's units: the step is served as one with none (fail open).
     assert steps["failing"] == steps["unplanned"]
     assert steps["spans"] == {"fetch": 1, "store": 0}
+    # vLLM's no-op `handle_preemptions`, where the wrapped connector keeps it; else forwarded.
+    assert steps["preemptions_straight"] == [True, False]
     assert steps["straight"] == [
         "has_connector_metadata",
         "wait_for_layer_load",

@@ -286,8 +286,11 @@ def _process_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
                 args, kwargs = prevent.tagged(self, args, kwargs)
             except Exception as exc:  # the hook's own failure must not become LMCache's: keys stay untagged
                 runtime.failed("geometry tag", exc)
+        # Each key's range stored here, not through a call: one runs for every chunk LMCache
+        # hashes, on its serving thread.
+        ranges = state.ranges_to_fill()
         for start, end, key in original(self, *args, **kwargs):
-            state.remember_range(key, start, end)
+            ranges[key.chunk_hash] = (start, end)
             yield start, end, key
 
     return process_tokens

@@ -111,13 +111,16 @@ class Runtime:
         geometry = geometry_of(config, metadata, saves_only_first_rank(config, metadata))
         return msgspec.structs.replace(geometry_config(config, metadata), hash_algo=self.hash_algo, geometry=geometry)
 
-    def remember_range(self, key: CacheEngineKey, start: int, end: int) -> None:
+    def ranges_to_fill(self) -> dict[int | bytes, tuple[int, int]]:
+        """The token ranges by chunk hash, for a hashing of a prompt's chunks to add theirs to
+        (`ranges[key.chunk_hash] = (start, end)`). Bounded here, before each: a hashing adds a
+        prompt's chunks at most."""
         ranges = self._ranges
-        ranges[key.chunk_hash] = (start, end)
         if len(ranges) > _MAX_RANGES:
             # Dicts keep insertion order: drop the oldest quarter in one go.
             for old in list(ranges)[: _MAX_RANGES // 4]:
                 ranges.pop(old, None)
+        return ranges
 
     def range_of(self, key: CacheEngineKey) -> tuple[int, int] | None:
         return self._ranges.get(key.chunk_hash)

@@ -133,6 +133,11 @@ def _tp_rank(vllm_config: VllmConfig) -> int:
     return int(get_tensor_model_parallel_rank())
 
 
+def _keeps_vllms(connector_class: type, name: str) -> bool:
+    """Whether `connector_class` has vLLM's own `KVConnectorBase_V1.<name>`, not one of its own."""
+    return getattr(connector_class, name, None) is getattr(KVConnectorBase_V1, name, None)
+
+
 def _role_mismatch(outer: KVTransferConfig, inner: KVTransferConfig) -> str | None:
     """Why vLLM's reading of the wrapper's KV roles differs from the inner connector's, or None.
 
@@ -207,6 +212,10 @@ class KVAuditConnector(KVConnectorBase_V1):
             # Only what the running vLLM's base class declares (and so calls).
             if hasattr(KVConnectorBase_V1, name):
                 setattr(self, name, getattr(self._inner, name))
+        if worker and _keeps_vllms(type(self._inner), "handle_preemptions"):
+            # vLLM's no-op, called at every step before the step's metadata is bound: straight
+            # to it (it ignores the metadata, so the wrapper's may reach it), no forwarder frame.
+            self.handle_preemptions = self._inner.handle_preemptions  # type: ignore[method-assign]
         # Worker side: the step's calls go straight to the inner connector's until a step has a unit.
         self._without_units = {name: getattr(self._inner, name) for name in _STRAIGHT_WITHOUT_UNITS} if worker else {}
         self._passed_through = False
@@ -249,7 +258,7 @@ class KVAuditConnector(KVConnectorBase_V1):
         # base class would): `has_connector_metadata` is the inner connector's, and
         # `clear_connector_metadata` goes straight to it.
         self._stores_open = False
-        if isinstance(connector_metadata, KVAuditMetadata):
+        if type(connector_metadata) is KVAuditMetadata:  # no subclass; an ABC's isinstance is a Python call
             inner, plans = connector_metadata.inner, connector_metadata.plans
         else:
             # A step with no plan: the scheduler sent the inner connector's metadata as it is
@@ -310,7 +319,11 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def _finish_layered_fetch(self, layer: lmcache_layer.LMCacheFormat, unit: Unit, fetch: Operation) -> None:
         """End a fetch LMCache served; its blocks' descriptors are made on the exporter thread."""
-        rejected = self._observed(layer.finish_fetch, unit, fetch, self._settings.guard)
+        try:  # `_observed`, written out: one call fewer a fetch
+            rejected: list[int] | None = layer.finish_fetch(unit, fetch, self._settings.guard)
+        except Exception as exc:
+            rejected = None
+            self._failed(layer.finish_fetch, exc)
         if rejected is None:
             # The hook's own failure: unchecked is unused where the guard is on.
             fetch.end(Outcome.ERROR)
@@ -370,7 +383,8 @@ class KVAuditConnector(KVConnectorBase_V1):
         fetch.end(outcome, tokens_hit=used_tokens)
 
     def wait_for_save(self) -> Any:
-        self._open_stores()
+        if not self._stores_open:  # where the step's `start_load_kv` did not open them
+            self._open_stores()
         try:
             answer = self._inner.wait_for_save()
         except BaseException:
@@ -401,8 +415,6 @@ class KVAuditConnector(KVConnectorBase_V1):
         """Start a store span for each store unit of the step, once a step: when its forward
         pass begins (the end of `start_load_kv`, before the first layer is saved), else at
         `wait_for_save`."""
-        if self._stores_open:
-            return
         self._stores_open = True
         for unit in self._units:
             if unit.is_store and id(unit) not in self._stores:
@@ -451,7 +463,7 @@ class KVAuditConnector(KVConnectorBase_V1):
         # A request that arrived with a W3C trace context: its lookup is a span of that trace,
         # as its loads and saves are (their plans carry the context to the workers). Its
         # headers are looked at here first, so that an untraced request makes no call.
-        traced = getattr(request, "trace_headers", None)
+        traced = request.trace_headers
         started = time.time_ns()
         try:
             matched, load_async = self._inner.get_num_new_matched_tokens(request, num_computed_tokens)
@@ -501,7 +513,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             external_request_id(request.request_id),
             self._format.backend,
             request.num_prompt_tokens,
-            remote_parent(self._observed(trace_parent, request)) if traced else None,
+            remote_parent(self._observed(trace_parent, traced)) if traced else None,
             started,
             outcome,
             amounts,

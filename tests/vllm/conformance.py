@@ -512,6 +512,14 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
     ]
     names = [span.name for span in _exported_spans(wrapper)]
     observed["spans"] = {op: names.count(f"kvaudit.{op}") for op in ("fetch", "store")}
+    # `handle_preemptions` (every step, before the step's metadata is bound): straight to a
+    # wrapped connector that keeps vLLM's no-op, through the forwarder to one that does not.
+    keeper = _wrapper(
+        base, work, KVAuditConnector, KVConnectorRole.WORKER, {**RECORDING, "wrap": "KeepsVllmsPreemptions"}
+    )
+    observed["preemptions_straight"] = [
+        connector.handle_preemptions == connector._inner.handle_preemptions for connector in (keeper, wrapper)
+    ]
     return observed
 
 

@@ -66,3 +66,9 @@ for _base in (KVConnectorBase_V1, SupportsHMA):
         elif isinstance(_member, property):
             setattr(RecordingConnector, _name, _property(_name))
 abc.update_abstractmethods(RecordingConnector)
+
+
+class KeepsVllmsPreemptions(RecordingConnector):
+    """A connector that keeps vLLM's own no-op `handle_preemptions` (as LMCache's does)."""
+
+    handle_preemptions = KVConnectorBase_V1.handle_preemptions
