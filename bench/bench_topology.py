@@ -10,7 +10,9 @@ depths, run one after the other (RUNS): 4 layers, pages of a size a CPU engine s
 quickly (4 MiB per 256-token chunk, 512 KiB per 32-token vLLM block), and 32 layers, the
 KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB per chunk).
 The hooks' work is per call, per request and per page, not per byte or per layer, so the
-share of the engine it takes falls as the pages grow. Requests come one at a time, each
+share of the engine it takes falls as the pages grow; and, at 32 layers, prompts of 1,024
+and 4,096 tokens, to split the hooks' cost into what a request costs whatever its length and
+what each further chunk adds (`BY_LENGTH`). Requests come one at a time, each
 in engine steps of its own, and also all together, as a serving replica receives them:
 vLLM batches them, and the vLLM layer's calls at each step serve every request of the
 step; one deployment has each request generate 32 tokens, its decode steps storing and
@@ -51,20 +53,25 @@ from bench.common import free_port, machine
 
 REQUESTS = 8
 PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
+LONG_PROMPT_TOKENS = 4096  # 16 chunks, 128 blocks
 CHUNK, BLOCK = 256, 32
 # The deployments measured, by name: the layers of the model's KV cache (what a page
 # holds), whether the requests arrive together (vLLM then batches them: 4 prompts a
 # step on the producer, its token budget on CPU; every prompt in one step on the
-# consumer, whose steps compute one token a prompt) or one at a time, and the tokens
-# each request generates (past the first, each a decode step with nothing to store or
-# fetch, in which the hooks' calls still run).
+# consumer, whose steps compute one token a prompt) or one at a time, the tokens each
+# request generates (past the first, each a decode step with nothing to store or fetch,
+# in which the hooks' calls still run), and each prompt's tokens.
 RUNS = {
-    "4 layers": (4, False, 1),
-    "4 layers, the requests sent together": (4, True, 1),
-    "4 layers, the requests sent together, 32 tokens each": (4, True, 32),
-    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1),
-    "32 layers, the requests sent together": (32, True, 1),
+    "4 layers": (4, False, 1, PROMPT_TOKENS),
+    "4 layers, the requests sent together": (4, True, 1, PROMPT_TOKENS),
+    "4 layers, the requests sent together, 32 tokens each": (4, True, 32, PROMPT_TOKENS),
+    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1, PROMPT_TOKENS),
+    "32 layers, the requests sent together": (32, True, 1, PROMPT_TOKENS),
+    "32 layers, prompts of 4,096 tokens": (32, False, 1, LONG_PROMPT_TOKENS),
 }
+# Two deployments that differ only in their prompts' length: the hooks' cost split into
+# what a request costs whatever its length and what each further chunk adds (`_by_length`).
+BY_LENGTH = ("32 layers (Llama-3-8B's KV geometry)", "32 layers, prompts of 4,096 tokens")
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -75,7 +82,7 @@ MODEL = {
     "num_key_value_heads": 8,
     "head_dim": 128,
     "hidden_act": "silu",
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 8192,
     "rms_norm_eps": 1e-05,
     "rope_theta": 10000.0,
     "vocab_size": 1024,
@@ -92,9 +99,9 @@ CPU_ENV = {"OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_TARGET_D
 CUDA_ENV = {"KVAUDIT_PROBE_CUDA": "1"}
 
 
-def _prompts() -> list[list[int]]:
+def _prompts(prompt_tokens: int) -> list[list[int]]:
     """A warm-up prompt, then the REQUESTS measured."""
-    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(PROMPT_TOKENS)] for r in range(REQUESTS + 1)]
+    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(prompt_tokens)] for r in range(REQUESTS + 1)]
 
 
 def _chunk_bytes(layers: int) -> int:
@@ -102,9 +109,9 @@ def _chunk_bytes(layers: int) -> int:
     return 2 * layers * MODEL["num_key_value_heads"] * MODEL["head_dim"] * 2 * CHUNK
 
 
-def _transfer(name: str, url: str, root: Path, layers: int) -> dict[str, Any]:
+def _transfer(name: str, url: str, root: Path, layers: int, prompt_tokens: int) -> dict[str, Any]:
     # LMCache's CPU pool holds every prompt (and a margin): the fetches read the server.
-    pool_gb = (REQUESTS + 2) * PROMPT_TOKENS // CHUNK * _chunk_bytes(layers) / 1e9
+    pool_gb = (REQUESTS + 2) * prompt_tokens // CHUNK * _chunk_bytes(layers) / 1e9
     return {
         "kv_connector": "KVAuditConnector",
         "kv_role": "kv_both",
@@ -134,14 +141,14 @@ def replica(spec: dict[str, Any]) -> None:
         skip_tokenizer_init=True,
         enforce_eager=True,
         block_size=BLOCK,
-        max_model_len=2048,
+        max_model_len=spec["prompt_tokens"] + spec["tokens"] + BLOCK,
         kv_transfer_config=KVTransferConfig(**spec["transfer"]),
     )
     # One token: a request's prompt is all its engine steps do; more, and decode steps follow.
     # The first prompt warms up (one-time costs), alone; the rest come one at a time or all
     # together.
     params = SamplingParams(temperature=0, max_tokens=spec["tokens"], detokenize=False, ignore_eos=True)
-    warm_up, *measured = [TokensPrompt(prompt_token_ids=prompt) for prompt in _prompts()]
+    warm_up, *measured = [TokensPrompt(prompt_token_ids=prompt) for prompt in _prompts(spec["prompt_tokens"])]
     llm.generate([warm_up], params, use_tqdm=False)
     batches = [measured] if spec["together"] else [[prompt] for prompt in measured]
     outputs = [output for batch in batches for output in llm.generate(batch, params, use_tqdm=False)]
@@ -200,7 +207,8 @@ def _gc_share(seconds: dict[str, float], calls: dict[str, float], key: str) -> f
     return seconds["gc"] * max(calls[f"{key}.allocations"], 0) / allocations if allocations > 0 else 0.0
 
 
-def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None:
+def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> tuple[float, float]:
+    """Print a side's figures; return the hooks' CPU and the engine's wall time, in seconds a request."""
     seconds = _since_warm_up(figures["seconds"], figures["first_step"])
     calls = _since_warm_up(figures["calls"], figures["first_step_calls"])
     # The transfer's wall time without the hook's CPU time inside it; and its CPU time on the
@@ -245,6 +253,7 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> None
         f"windows {probe / REQUESTS * us:5.1f} us/request at least (taken off)"
     )
     _report_idle_steps(seconds, calls, scheduler, scheduler_calls)
+    return hooks / REQUESTS, engine / REQUESTS
 
 
 def _report_idle_steps(
@@ -278,14 +287,39 @@ def main(argv: list[str] | None = None) -> None:
         return
     cuda = "--cuda" in argv
     print(f"{machine()}; vLLM and LMCache on {'CUDA' if cuda else 'the CPU'}")
-    for label, (layers, together, tokens) in RUNS.items():
-        _measure(label, layers, together, tokens, CUDA_ENV if cuda else CPU_ENV)
+    measured = {label: _measure(label, *run, CUDA_ENV if cuda else CPU_ENV) for label, run in RUNS.items()}
+    _by_length(*(measured[label] for label in BY_LENGTH), *(RUNS[label][3] // CHUNK for label in BY_LENGTH))
 
 
-def _measure(label: str, layers: int, together: bool, tokens: int, device_env: dict[str, str]) -> None:
+def _by_length(
+    short: dict[str, tuple[float, float]], long: dict[str, tuple[float, float]], short_chunks: int, long_chunks: int
+) -> None:
+    """The hooks' cost a request, split by the two runs of `BY_LENGTH` (prompts of
+    `short_chunks` and `long_chunks` chunks, all else alike) into what each further chunk
+    adds and what a request costs whatever its length; and where that leaves the goal: the
+    share of the engine's time a chunk that each further chunk's cost is, which the hooks'
+    share of a request's transfer tends to as its prompt grows."""
+    us = 1e6
+    for side in ("store", "fetch"):
+        (short_hooks, _), (long_hooks, long_engine) = short[side], long[side]
+        per_chunk = (long_hooks - short_hooks) / (long_chunks - short_chunks)
+        per_request = short_hooks - short_chunks * per_chunk
+        engine_chunk = long_engine / long_chunks
+        print(
+            f"{side:<5} by prompt length ({short_chunks} and {long_chunks} chunks): the hooks {per_request * us:6.1f} "
+            f"us a request whatever its length and {per_chunk * us:5.1f} us each chunk more, "
+            f"{per_chunk / engine_chunk:6.2%} of the engine's {engine_chunk * 1e3:.2f} ms a chunk (a long prompt's "
+            f"share tends to this; goal < 1%: met by an engine taking {per_chunk * 1e5:.2f} ms a chunk or more)"
+        )
+
+
+def _measure(
+    label: str, layers: int, together: bool, tokens: int, prompt_tokens: int, device_env: dict[str, str]
+) -> dict[str, tuple[float, float]]:
     """One deployment (server, producer, consumer) of a model `layers` deep, the requests
-    `together` or one at a time, each generating `tokens`, on the engines `device_env` picks;
-    and its figures."""
+    `together` or one at a time, each of `prompt_tokens` and generating `tokens`, on the
+    engines `device_env` picks; its figures printed, and by side the hooks' CPU and the
+    engine's wall time, in seconds a request."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "model").mkdir()
@@ -305,24 +339,27 @@ def _measure(label: str, layers: int, together: bool, tokens: int, device_env: d
             for name in ("producer", "consumer"):
                 spec = {
                     "model": model,
-                    "transfer": _transfer(name, url, root, layers),
+                    "transfer": _transfer(name, url, root, layers, prompt_tokens),
                     "together": together,
                     "tokens": tokens,
+                    "prompt_tokens": prompt_tokens,
                 }
                 figures[name] = _run(name, spec, root, device_env)
         finally:
             server.terminate()
             server.wait()
-    pages = REQUESTS * PROMPT_TOKENS // CHUNK
-    blocks = REQUESTS * PROMPT_TOKENS // BLOCK
+    pages = REQUESTS * prompt_tokens // CHUNK
+    blocks = REQUESTS * prompt_tokens // BLOCK
     fetched = figures["consumer"]["cached"]
     print(
-        f"{label}: {REQUESTS} requests of {PROMPT_TOKENS} tokens: {pages} chunks of "
+        f"{label}: {REQUESTS} requests of {prompt_tokens} tokens: {pages} chunks of "
         f"{_chunk_bytes(layers) / 2**20:g} MiB, {blocks} vLLM blocks per side;"
     )
-    print(f"the consumer fetched {fetched} of {REQUESTS * PROMPT_TOKENS} prompt tokens from the pool")
-    _report("store", figures["producer"], pages, blocks)
-    _report("fetch", figures["consumer"], pages, blocks)
+    print(f"the consumer fetched {fetched} of {REQUESTS * prompt_tokens} prompt tokens from the pool")
+    return {
+        "store": _report("store", figures["producer"], pages, blocks),
+        "fetch": _report("fetch", figures["consumer"], pages, blocks),
+    }
 
 
 if __name__ == "__main__":
