@@ -57,7 +57,11 @@ class RequestPlan(msgspec.Struct):
 
 @dataclass
 class KVAuditMetadata(KVConnectorMetadata):
-    """The inner connector's metadata for this step, plus the plans of the requests it covers."""
+    """The inner connector's metadata for this step, plus the plans of the requests it covers.
+
+    Told apart by its class alone (`type(metadata) is KVAuditMetadata`, on the serving
+    threads: `isinstance` with vLLM's metadata ABC is a Python call), so it has no subclass.
+    """
 
     inner: KVConnectorMetadata
     plans: list[RequestPlan] = field(default_factory=list)
