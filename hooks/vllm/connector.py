@@ -133,11 +133,6 @@ def _tp_rank(vllm_config: VllmConfig) -> int:
     return int(get_tensor_model_parallel_rank())
 
 
-def _keeps_vllms(connector_class: type, name: str) -> bool:
-    """Whether `connector_class` has vLLM's own `KVConnectorBase_V1.<name>`, not one of its own."""
-    return getattr(connector_class, name, None) is getattr(KVConnectorBase_V1, name, None)
-
-
 def _role_mismatch(outer: KVTransferConfig, inner: KVTransferConfig) -> str | None:
     """Why vLLM's reading of the wrapper's KV roles differs from the inner connector's, or None.
 
@@ -212,7 +207,7 @@ class KVAuditConnector(KVConnectorBase_V1):
             # Only what the running vLLM's base class declares (and so calls).
             if hasattr(KVConnectorBase_V1, name):
                 setattr(self, name, getattr(self._inner, name))
-        if worker and _keeps_vllms(type(self._inner), "handle_preemptions"):
+        if worker and type(self._inner).handle_preemptions is KVConnectorBase_V1.handle_preemptions:
             # vLLM's no-op, called at every step before the step's metadata is bound: straight
             # to it (it ignores the metadata, so the wrapper's may reach it), no forwarder frame.
             self.handle_preemptions = self._inner.handle_preemptions  # type: ignore[method-assign]
