@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
@@ -16,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from kvaudit.contract import Hook, Op, Outcome, PageAttr, PageDescriptor, SpanAttr, TelemetryAttr
+from kvaudit.emit import emitter as emitter_module
 from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource, setup_emitter
 from kvaudit.emit.line_file import LineFile
 from kvaudit.emit.span_batcher import SpanBatcher
@@ -187,7 +189,11 @@ def test_the_callers_own_exception_propagates_and_is_recorded():
     assert emitter.stats.errors == 0
 
 
-def test_an_operation_is_the_child_of_the_span_current_when_it_started():
+@pytest.mark.parametrize("current", ["copied", "opentelemetry's own"])
+def test_an_operation_is_the_child_of_the_span_current_when_it_started(current: str, monkeypatch: pytest.MonkeyPatch):
+    if current != "copied":
+        # A runtime context other than OpenTelemetry's default: its own `get_current`.
+        monkeypatch.setattr(emitter_module, "_current_context", otel_context.get_current)
     capture = Capture()
     emitter = Emitter(replica_resource("r1"), SpanBatcher(capture))
     outer = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags.SAMPLED)

@@ -65,7 +65,6 @@ from kvaudit.hooks.vllm.plans import (
     full_block_tables,
     hex_keys,
     plan_for,
-    prompt_hashes,
     remote_parent,
     trace_parent,
 )
@@ -479,8 +478,9 @@ class KVAuditConnector(KVConnectorBase_V1):
         else:
             outcome = Outcome.PARTIAL
         # The prompt's pages are described on the exporter thread, from a copy of its block
-        # hashes taken now (vLLM appends to the request's list as the request runs).
-        hashes = self._observed(prompt_hashes, request, reachable // block_size)
+        # hashes taken now (vLLM appends to the request's list as the request runs); read
+        # directly, as `plan_for` reads them, where a function of their own was two frames.
+        hashes = request.block_hashes[: reachable // block_size]
         self._record_lookup(
             request,
             traced,

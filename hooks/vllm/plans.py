@@ -99,11 +99,6 @@ def remote_parent(trace_parent: tuple[int, int] | None) -> SpanContext | None:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags.SAMPLED)
 
 
-def prompt_hashes(request: Request, blocks: int) -> list[bytes]:
-    """The block hashes of the request's first `blocks` full blocks: a copy."""
-    return request.block_hashes[:blocks]
-
-
 def hex_keys(block_hashes: Iterable[bytes]) -> list[str]:
     """Page keys of vLLM block hashes (`BlockHash`, bytes), in their order (a loop in C)."""
     return list(map(bytes.hex, block_hashes))

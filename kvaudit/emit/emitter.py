@@ -20,6 +20,7 @@ fails open: an exception inside emission is counted (and reported in a
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import random
@@ -36,6 +37,7 @@ import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.environment_variables import OTEL_PYTHON_CONTEXT
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -71,6 +73,16 @@ _OK = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
 # Held while an operation's span context is made (`Operation.context`): by exporter threads only.
 _CONTEXTS = threading.RLock()  # reentrant: a parent's context is made inside its child's
+# The context an operation given no parent starts in, kept for the exporter thread to find
+# OpenTelemetry's current span in (`Operation.parent_context`). Where OpenTelemetry keeps its
+# context in a context variable (its own default, `OTEL_PYTHON_CONTEXT` unset), a copy of the
+# calling thread's context variables: one C call, where its `get_current` is three Python
+# frames on the serving thread. Any other runtime context: its own `get_current`.
+_current_context: Final[Callable[[], contextvars.Context | Context]] = (
+    contextvars.copy_context
+    if os.environ.get(OTEL_PYTHON_CONTEXT, "contextvars_context") == "contextvars_context"
+    else otel_context.get_current
+)
 
 
 class PageEvent(Event):
@@ -129,7 +141,7 @@ class Operation(msgspec.Struct, eq=False):
     _backend: str | None
     _tokens_requested: int | None
     _attributes: dict[str, Any] | None
-    _parent: SpanContext | Operation | Context | None
+    _parent: SpanContext | Operation | Context | contextvars.Context | None
     _at: int | None
     _start: int
     _end: int = 0  # set by `end`, which alone queues the operation
@@ -173,8 +185,11 @@ class Operation(msgspec.Struct, eq=False):
         parent = self._parent
         if isinstance(parent, Operation):
             parent = parent.context
+        elif isinstance(parent, contextvars.Context):
+            # The calling thread's context variables when the operation started (`_current_context`):
+            # OpenTelemetry's current span in them, if any, is the parent.
+            parent = trace.get_current_span(parent.run(otel_context.get_current)).get_span_context()
         elif isinstance(parent, Context):
-            # The context the operation started in: its current span, if any, is the parent.
             parent = trace.get_current_span(parent).get_span_context()
         if parent is not None and not parent.is_valid:
             parent = None
@@ -425,7 +440,7 @@ class Emitter:
                 backend,
                 tokens_requested,
                 attributes,
-                otel_context.get_current() if parent is None else parent,
+                _current_context() if parent is None else parent,
                 at_ns,
                 (time.time_ns() if at_ns is None else at_ns) if start_ns is None else start_ns,
             )
@@ -457,7 +472,7 @@ class Emitter:
         costs more. Never raises.
         """
         try:
-            parent = otel_context.get_current() if parent is None else parent
+            parent = _current_context() if parent is None else parent
             # `Operation`'s fields, in its order: what the operation is; no attributes, its
             # parent, no `at`, when it started and that it ended now; what it found, no pages.
             what = (self, op, hook, request_id, backend, tokens_requested)
