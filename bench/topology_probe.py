@@ -34,8 +34,8 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   That process writes
   its totals to `$KVAUDIT_PROBE_OUT.scheduler` at each `build_connector_meta` and
   `request_finished` and, from the warm-up's end on, every quarter second with its
-  exporter thread's CPU; and those taken when the warm-up request finished (`first_step`),
-  its spans exported first.
+  exporter thread's CPU; and those taken at its first call after the warm-up requests
+  (`first_step`), their spans exported first.
 - The probe's own clock reads. A window holds the end of the read that opens it and the start
   of the one that closes it, and a window around a call to the wrapped connector the two
   marks around that call as well: measured again on an empty window right after each call
@@ -66,11 +66,13 @@ which build, encode and write the spans, is read from each thread's own clock.
 After each save (one per engine step) the worker writes the totals so far (and the
 count of engine steps), and those of its first step, to `$KVAUDIT_PROBE_OUT` (JSON; vLLM
 may end a worker without a `shutdown`), inside the wrapped connector's window; from the
-second step on, a thread of the probe's writes them again every quarter second, for the
-exporters' time after the last step. The first step's totals hold the one-time costs
-(the LMCache hook makes its emitter at its first operation), which the benchmark takes
-off with a warm-up request; when the second step begins, every exporter is flushed, so
-that the warm-up's spans are exported before the measured requests.
+warm-up's end on, a thread of the probe's writes them again every quarter second, for the
+exporters' time after the last step. The benchmark's warm-up requests (`WARM_UPS` in
+bench/bench_topology.py; the first holds one-time costs, the LMCache hook makes its emitter at
+its first operation) end where its replica creates `$KVAUDIT_PROBE_OUT` + `WARMED_UP`: at
+the next step every exporter is flushed, so that the warm-up's spans are exported before
+the measured requests, and the totals so far are kept as the warm-up's (`first_step`),
+which the benchmark takes off.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from bench.bench_topology import WARMED_UP
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.hooks.lmcache import fetch
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin
@@ -97,8 +100,10 @@ else:
 
 SECONDS: defaultdict[str, float] = defaultdict(float)
 CALLS: defaultdict[str, int] = defaultdict(int)
-FIRST_STEP: dict[str, float] = {}  # SECONDS at the end of the first engine step
+FIRST_STEP: dict[str, float] = {}  # SECONDS when the first step after the warm-up began
 FIRST_STEP_CALLS: dict[str, int] = {}  # and CALLS
+# Created by the benchmark's replica when its warm-up requests are served.
+_WARMED_UP = os.environ.get("KVAUDIT_PROBE_OUT", "") + WARMED_UP
 
 # The garbage collector's CPU per thread, and the allocations that bring it on (the module
 # docstring says why).
@@ -328,8 +333,8 @@ class ProbedLMCacheConnector(Wrapped):  # type: ignore[valid-type,misc]
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         _STEP["began"] = time.perf_counter()
         _inner_begins()
-        if CALLS["engine_store"] and not FIRST_STEP:
-            # A step starts after the first one: every clock of that step has stopped.
+        if not FIRST_STEP and os.path.exists(_WARMED_UP):
+            # The first step after the warm-up requests: every clock of theirs has stopped.
             _warmed_up(FIRST_STEP, FIRST_STEP_CALLS, _write)
         CALLS["steps"] += 1
         super().bind_connector_metadata(connector_metadata)
@@ -455,13 +460,13 @@ _SCHEDULER = (
     "on_new_request",
     "get_loaded_kv_cache_group_ids",
 )
-SCHEDULER_FIRST: dict[str, float] = {}  # SECONDS when the warm-up request finished
+SCHEDULER_FIRST: dict[str, float] = {}  # SECONDS at the first call after the warm-up
 SCHEDULER_FIRST_CALLS: dict[str, int] = {}  # and CALLS
 
 
 def _scheduler_first_step(name: str) -> None:
-    if name == "request_finished" and not SCHEDULER_FIRST:
-        # The warm-up request, alone, is the first to finish: what it took is one-time.
+    if not SCHEDULER_FIRST and os.path.exists(_WARMED_UP):
+        # The warm-up requests are served: what they took is left out.
         _warmed_up(SCHEDULER_FIRST, SCHEDULER_FIRST_CALLS, _write_scheduler)
 
 
