@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import context as otel_context
@@ -206,6 +209,43 @@ def test_an_operation_is_the_child_of_the_span_current_when_it_started(current: 
     child, root = capture.spans
     assert child.parent == outer and child.context.trace_id == outer.trace_id
     assert root.parent is None and root.context.trace_id not in (0, outer.trace_id)
+
+
+def test_two_threads_find_the_parent_in_a_copied_context_at_once(monkeypatch: pytest.MonkeyPatch):
+    # The operation's exporter thread (`build`) and a child's (`context`) may look for its parent
+    # at the same time: a copied context entered by two threads at once would raise.
+    emitter = Emitter(replica_resource("r1"), SpanBatcher(Capture()))
+    outer = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags.SAMPLED)
+    with trace.use_span(NonRecordingSpan(outer)):
+        operation = emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR)
+    inside, release = threading.Event(), threading.Event()
+    original = otel_context.get_current
+
+    def slow_current() -> Any:
+        inside.set()
+        release.wait(5)
+        return original()
+
+    monkeypatch.setattr(emitter_module.otel_context, "get_current", slow_current)
+    found: list[Any] = []
+
+    def look() -> None:
+        try:
+            found.append(operation.parent_context)
+        except Exception as exc:
+            found.append(exc)
+
+    first = threading.Thread(target=look)
+    first.start()
+    assert inside.wait(5)
+    second = threading.Thread(target=look)
+    second.start()
+    time.sleep(0.1)  # the second thread reaches the copied context while the first is in it
+    release.set()
+    first.join(5)
+    second.join(5)
+    emitter.shutdown()
+    assert found == [outer, outer]
 
 
 def test_an_open_operation_is_a_parent_and_its_context_is_its_spans():

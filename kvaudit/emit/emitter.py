@@ -71,7 +71,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 _SCOPE = InstrumentationScope(TRACER_NAME, __version__)
 _OK = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
-# Held while an operation's span context is made (`Operation.context`): by exporter threads only.
+# Held while an operation's span context is made (`Operation.context`) or its parent found in a
+# copied context (`Operation.parent_context`): by exporter threads only.
 _CONTEXTS = threading.RLock()  # reentrant: a parent's context is made inside its child's
 # The context an operation given no parent starts in, kept for the exporter thread to find
 # OpenTelemetry's current span in (`Operation.parent_context`). Where OpenTelemetry keeps its
@@ -187,8 +188,11 @@ class Operation(msgspec.Struct, eq=False):
             parent = parent.context
         elif isinstance(parent, contextvars.Context):
             # The calling thread's context variables when the operation started (`_current_context`):
-            # OpenTelemetry's current span in them, if any, is the parent.
-            parent = trace.get_current_span(parent.run(otel_context.get_current)).get_span_context()
+            # OpenTelemetry's current span in them, if any, is the parent. Entered under the lock:
+            # the operation's exporter thread (`build`) and a child's (`context`) may both be here,
+            # and a context entered by two threads at once raises.
+            with _CONTEXTS:
+                parent = trace.get_current_span(parent.run(otel_context.get_current)).get_span_context()
         elif isinstance(parent, Context):
             parent = trace.get_current_span(parent).get_span_context()
         if parent is not None and not parent.is_valid:
