@@ -8,7 +8,9 @@
   exporter alone and end to end through the emitter's background thread; the cost of
   encoding an OTLP/HTTP request, kvaudit's encoder against the official exporter's;
 - cold: a span of 32 descriptors (a request's blocks) emitted right after a 32 MiB copy,
-  as a hook runs between an engine's transfers, against the same span in a hot loop;
+  as a hook runs between an engine's transfers, against the same span in a hot loop; and
+  what it adds to the time of the engine's own Python after the copy (a stand-in for it
+  timed with the span before it and without);
 - the serving thread's waits for the GIL while the exporter thread works: a loop that
   emits at a replica's trace volume and waits with the GIL released between (as on a GPU
   or in a torch operation), its time getting the GIL back with the exporter giving way
@@ -20,10 +22,13 @@ Sizes: KVAUDIT_BENCH_SPANS (spans per run, default 2000), 128 pages per span.
 
 from __future__ import annotations
 
+import hashlib
+import statistics
 import tempfile
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -159,14 +164,45 @@ def _export(spans: int) -> tuple[float, float]:
 
 COLD_PAGES = 32
 COLD_COPY_BYTES = 32 * 2**20  # beyond this machine's caches
+ENGINE_OBJECTS = 40  # the engine's Python after a copy (`_engine_python`): about 60 µs with the caches cold
 
 
-def _cold(spans: int) -> tuple[float, float]:
+@dataclass
+class _EngineObject:
+    index: int
+    name: str
+    tokens: tuple[int, int]
+
+
+def _engine_python(objects: int) -> int:
+    """A stand-in for the Python an engine runs between its copies (LMCache's bookkeeping
+    of a store: objects made, kept in an ordered map, a key hashed each), for `_cold` to time
+    after a copy with and without a hook's span before it."""
+    kept: OrderedDict[str, _EngineObject] = OrderedDict()
+    for index in range(objects):
+        made = _EngineObject(index, str(index), (index, index + 1))
+        kept[made.name] = made
+        kept.move_to_end(made.name)
+        hashlib.blake2b(made.name.encode(), digest_size=8).digest()
+    return len(kept)
+
+
+def _cold(spans: int) -> tuple[float, float, float]:
     """µs of serving-thread CPU per span of COLD_PAGES descriptors: in a hot loop, and each
-    right after a copy that evicts the caches (the hook's code and data then come from memory)."""
-    emitter = Emitter(replica_resource("r1", kv=KV), SpanBatcher(_Keep(), max_queue=(2 * REPEATS + 1) * spans))
+    right after a copy that evicts the caches (the hook's code and data then come from memory);
+    and what such a span adds to the copy's Python: `_engine_python` timed with the span before
+    it and without, alternately after each copy (medians of each). The interpreter's own code
+    and data that the span brings back into the caches, the engine's Python would have brought
+    back itself: the span's own cold time overstates what it adds by that."""
+    emitter = Emitter(replica_resource("r1", kv=KV), SpanBatcher(_Keep(), max_queue=(2 * REPEATS + 3) * spans))
     pages = [page(i) for i in range(COLD_PAGES)]
     source, target = bytearray(COLD_COPY_BYTES), bytearray(COLD_COPY_BYTES)
+
+    def span(n: int) -> None:
+        op = emitter.operation(Op.STORE, hook=Hook.SIMULATOR, request_id=f"q{n}", tokens_requested=8192)
+        for p in pages:
+            op.add_page(p)
+        op.end(tokens_stored=8192)
 
     def per_span(evict: bool) -> float:
         cpu = 0.0
@@ -174,19 +210,29 @@ def _cold(spans: int) -> tuple[float, float]:
             if evict:
                 target[:] = source
             started = time.thread_time()
-            op = emitter.operation(Op.STORE, hook=Hook.SIMULATOR, request_id=f"q{n}", tokens_requested=8192)
-            for p in pages:
-                op.add_page(p)
-            op.end(tokens_stored=8192)
+            span(n)
             cpu += time.thread_time() - started
         emitter._batcher.exporter.spans.clear()  # type: ignore[attr-defined]
         return 1e6 * cpu / spans
 
+    def copy_then_engine(n: int, with_span: bool) -> float:
+        target[:] = source
+        started = time.thread_time()
+        if with_span:
+            span(n)
+        _engine_python(ENGINE_OBJECTS)
+        return time.thread_time() - started
+
     per_span(False)  # warm-up
     hot = min(per_span(False) for _ in range(REPEATS))
     cold = min(per_span(True) for _ in range(REPEATS))
+    with_span: list[float] = []
+    without: list[float] = []
+    for n in range(2 * spans):  # which comes first alternates too
+        for spanned in (n % 2 == 0, n % 2 == 1):
+            (with_span if spanned else without).append(copy_then_engine(n, spanned))
     emitter.shutdown()
-    return hot, cold
+    return hot, cold, 1e6 * (statistics.median(with_span) - statistics.median(without))
 
 
 # A replica's trace volume (docs/design.md section 5: about 1,300 descriptors a second),
@@ -266,7 +312,7 @@ def main() -> None:
     per_span_us, sdk_span_us = 1e6 * ours_bare / spans, 1e6 * sdk_bare / spans
     transfer_us = 1e6 * CostModel().transfer_s(PAGE_BYTES)
     alone, end_to_end = _export(max(spans // 4, 10))
-    hot_us, cold_us = _cold(max(spans // 10, 10))
+    hot_us, cold_us, adds_us = _cold(max(spans // 10, 10))
     ours_otlp_us, official_otlp_us = _otlp_encoding(max(spans // 4, 32))
     waits = _gil_waits(env_int("KVAUDIT_BENCH_WAIT_SECONDS", 10))
     print(
@@ -300,6 +346,13 @@ def main() -> None:
                 f"{cold_us:.1f}",
                 f"{hot_us:.1f} (hot loop)",
                 f"{cold_us / hot_us:.1f}× the hot loop",
+                "",
+            ),
+            (
+                "µs such a span adds to the engine's Python after the copy (CPU)",
+                f"{adds_us:.1f}",
+                f"{cold_us:.1f} (its own time, above)",
+                f"{adds_us / cold_us:.0%} of its own time",
                 "",
             ),
             (
