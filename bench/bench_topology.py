@@ -26,7 +26,9 @@ costs, such as the LMCache hook making its emitter; the hooks cost more over the
 few). Garbage collections are taken off every clock and each part is given its share of
 them by the allocations it makes (`_gc_share`). Each side also prints the shortest
 transfer, a request and a chunk, that the hooks' cost measured would be 1% of: what the
-goal needs of an engine (a faster copy, a GPU's, needs larger pages). The steps with
+goal needs of an engine (a faster copy, a GPU's, needs larger pages); and the engine's time
+split into its copy, its reads from the pool's server and the rest, LMCache's own work, with
+the same transfers modelled on an H100 engine (`_report_engine_parts`). The steps with
 nothing to store or fetch are reported on their own too: the hooks' time in each beside
 the worker's step. The exporter threads, which build,
 encode and write the spans off the serving thread, are reported apart: CPU that serving
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import free_port, machine
+from kvaudit.simulator.model import CostModel
 
 # Requests measured a deployment. One at a time, 32: each request's hooks vary by a fifth or
 # more, and the figures over 8 moved by a tenth from run to run (bench/README.md, "Warmed
@@ -223,7 +226,9 @@ def _gc_share(seconds: dict[str, float], calls: dict[str, float], key: str) -> f
     return seconds["gc"] * max(calls[f"{key}.allocations"], 0) / allocations if allocations > 0 else 0.0
 
 
-def _report(side: str, figures: dict[str, Any], requests: int, pages: int, blocks: int) -> tuple[float, float]:
+def _report(
+    side: str, figures: dict[str, Any], requests: int, pages: int, blocks: int, chunk_bytes: int
+) -> tuple[float, float]:
     """Print a side's figures; return the hooks' CPU and the engine's wall time, in seconds a request."""
     seconds = _since_warm_up(figures["seconds"], figures["first_step"])
     calls = _since_warm_up(figures["calls"], figures["first_step_calls"])
@@ -268,8 +273,37 @@ def _report(side: str, figures: dict[str, Any], requests: int, pages: int, block
         f"{inside / requests * us:6.1f} us/request (not counted); the probe's own clock reads inside the hooks' "
         f"windows {probe / requests * us:5.1f} us/request at least (taken off)"
     )
+    _report_engine_parts(side, seconds, engine, hooks, requests, pages, chunk_bytes)
     _report_idle_steps(seconds, calls, scheduler, scheduler_calls)
     return hooks / requests, engine / requests
+
+
+def _report_engine_parts(
+    side: str, seconds: dict[str, float], engine: float, hooks: float, requests: int, pages: int, chunk_bytes: int
+) -> None:
+    """The engine's wall time split where the CPU deployment allows: the copy kernel (the CPU
+    stand-in for LMCache's CUDA copy, which a GPU does at its own speed), the fetch's reads from
+    the pool's server (the transfer and its decoding, which a network does at its own), and the
+    rest, LMCache's own work on the serving thread, which an engine does whatever its copy and
+    pool. And the same transfers modelled on an H100 engine: that rest as measured, each chunk
+    copied over the GPU's host link and, where the fetch read the pool, sent across the pool's
+    network, at the rates of the simulator's `CostModel` (docs/design.md section 5). A high
+    estimate of the hooks' share there: a faster CPU than this one shrinks the hooks and
+    LMCache's own work alike, not the copy or the network."""
+    copy, pool = seconds[f"engine_{side}_copy_wall"], seconds[f"engine_{side}_pool_wall"]
+    if not copy:  # `--cuda`: the engine's copy is a GPU's
+        return
+    rest = engine - copy - pool
+    cost = CostModel()
+    per_chunk = cost.transfer_s(chunk_bytes, local=True) + (cost.transfer_s(chunk_bytes) if pool else 0.0)
+    modelled = rest + pages * per_chunk
+    ms = 1e3 / requests
+    print(
+        f"      of the engine's wall time, ms/request: the copy kernel (the CPU stand-in for LMCache's CUDA copy) "
+        f"{copy * ms:7.2f}, the pool's server read on the serving thread {pool * ms:7.2f}, the rest (LMCache's own "
+        f"work) {rest * ms:6.2f}: the hooks {hooks / rest:6.2%} of the rest; on an H100 engine (modelled: the rest as "
+        f"here, each chunk {per_chunk * 1e3:.2f} ms) {modelled * ms:6.2f} ms/request, the hooks {hooks / modelled:6.2%}"
+    )
 
 
 def _report_idle_steps(
@@ -380,8 +414,8 @@ def _measure(
     )
     print(f"the consumer fetched {fetched} of {requests * prompt_tokens} prompt tokens from the pool")
     return {
-        "store": _report("store", figures["producer"], requests, pages, blocks),
-        "fetch": _report("fetch", figures["consumer"], requests, pages, blocks),
+        "store": _report("store", figures["producer"], requests, pages, blocks, _chunk_bytes(layers)),
+        "fetch": _report("fetch", figures["consumer"], requests, pages, blocks, _chunk_bytes(layers)),
     }
 
 

@@ -10,6 +10,10 @@ shares the cores) and, for the engine's transfers, the wall clock too:
 
 - the wrapped connector's `start_load_kv`, and its `save_kv_layer` (each layer) and
   `wait_for_save`: the engine's fetch and store, LMCache's hook included;
+- inside those, on the wall clock, the two parts of the transfer that another machine does at
+  a speed of its own: the copy kernel (the CPU stand-in's `batched_from_gpu` and
+  `batched_to_gpu`; not with `--cuda`) and the fetch's reads from the pool's server
+  (`RemoteBackend.batched_get_blocking`);
 - the LMCache hook's own work inside them and on LMCache's lookup thread (`fetch.finish`,
   `fetch.end_lookup`, the store plugin's `batched_submit_put_task`: each records a whole
   operation), taken off the engine's figure. The instrumentor's thin wrappers stay
@@ -86,6 +90,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
 from bench.bench_topology import WARMED_UP
 from kvaudit.emit.span_batcher import SpanBatcher
@@ -497,3 +503,31 @@ for _name in _SCHEDULER:
 _LOAD = _engine("fetch", Wrapped.start_load_kv)
 _SAVE = _engine("store", Wrapped.wait_for_save)
 _SAVE_LAYER = _engine("store", Wrapped.save_kv_layer)
+
+
+def _engine_part(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, a part of the engine's transfer, on the wall clock (`engine_<side>_<part>_wall`,
+    inside `engine_<side>_wall`): what a GPU engine, or a pool across a network, does at a speed
+    of its own."""
+
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            SECONDS[key] += time.perf_counter() - started
+
+    return timed
+
+
+# LMCache's engine copies each request's chunks in one batched call, a store's out of vLLM's
+# paged KV cache and a fetch's into it (non-layerwise, as here): the CPU stand-in for its CUDA
+# kernel. With `--cuda` the kernel is LMCache's own and the engine's time a GPU's: not split.
+if not os.environ.get("KVAUDIT_PROBE_CUDA"):
+    _KERNEL = Wrapped.copy_kernel
+    _KERNEL.batched_from_gpu = _engine_part("engine_store_copy_wall", _KERNEL.batched_from_gpu)
+    _KERNEL.batched_to_gpu = _engine_part("engine_fetch_copy_wall", _KERNEL.batched_to_gpu)
+# A fetch's chunks read from the pool's server, on the serving thread (a store's are sent by
+# LMCache's own thread): the transfer and its decoding.
+RemoteBackend.batched_get_blocking = _engine_part("engine_fetch_pool_wall", RemoteBackend.batched_get_blocking)
