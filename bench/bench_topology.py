@@ -12,7 +12,9 @@ KV geometry of Llama-3-8B, the size of page a deployment of it moves (32 MiB per
 The hooks' work is per call, per request and per page, not per byte or per layer, so the
 share of the engine it takes falls as the pages grow; and, at 32 layers, prompts of 1,024
 and 4,096 tokens, to split the hooks' cost into what a request costs whatever its length and
-what each further chunk adds (`BY_LENGTH`). Requests come one at a time, each
+what each further chunk adds (`BY_LENGTH`); and, at 32 layers, with no request recorded
+(`sample_rate` 0, docs/design.md section 3.10), to tell what a request costs the hooks
+recorded and not, and so the share of requests a sample may record (`BY_SAMPLE_RATE`). Requests come one at a time, each
 in engine steps of its own, and also all together, as a serving replica receives them:
 vLLM batches them, and the vLLM layer's calls at each step serve every request of the
 step; one deployment has each request generate 32 tokens, its decode steps storing and
@@ -50,7 +52,7 @@ import time
 from collections import defaultdict
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.common import free_port, machine
 from kvaudit.simulator.model import CostModel
@@ -76,18 +78,23 @@ CHUNK, BLOCK = 256, 32
 # step on the producer, its token budget on CPU; every prompt in one step on the
 # consumer, whose steps compute one token a prompt) or one at a time, the tokens each
 # request generates (past the first, each a decode step with nothing to store or fetch,
-# in which the hooks' calls still run), each prompt's tokens, and how many requests.
+# in which the hooks' calls still run), each prompt's tokens, how many requests, and the
+# share of them the hooks record (`sample_rate`, docs/design.md section 3.10).
 RUNS = {
-    "4 layers": (4, False, 1, PROMPT_TOKENS, REQUESTS),
-    "4 layers, the requests sent together": (4, True, 1, PROMPT_TOKENS, FEW_REQUESTS),
-    "4 layers, the requests sent together, 32 tokens each": (4, True, 32, PROMPT_TOKENS, FEW_REQUESTS),
-    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1, PROMPT_TOKENS, REQUESTS),
-    "32 layers, the requests sent together": (32, True, 1, PROMPT_TOKENS, FEW_REQUESTS),
-    "32 layers, prompts of 4,096 tokens": (32, False, 1, LONG_PROMPT_TOKENS, FEW_REQUESTS),
+    "4 layers": (4, False, 1, PROMPT_TOKENS, REQUESTS, 1.0),
+    "4 layers, the requests sent together": (4, True, 1, PROMPT_TOKENS, FEW_REQUESTS, 1.0),
+    "4 layers, the requests sent together, 32 tokens each": (4, True, 32, PROMPT_TOKENS, FEW_REQUESTS, 1.0),
+    "32 layers (Llama-3-8B's KV geometry)": (32, False, 1, PROMPT_TOKENS, REQUESTS, 1.0),
+    "32 layers, no request recorded (sample_rate 0)": (32, False, 1, PROMPT_TOKENS, REQUESTS, 0.0),
+    "32 layers, the requests sent together": (32, True, 1, PROMPT_TOKENS, FEW_REQUESTS, 1.0),
+    "32 layers, prompts of 4,096 tokens": (32, False, 1, LONG_PROMPT_TOKENS, FEW_REQUESTS, 1.0),
 }
 # Two deployments that differ only in their prompts' length: the hooks' cost split into
 # what a request costs whatever its length and what each further chunk adds (`_by_length`).
 BY_LENGTH = ("32 layers (Llama-3-8B's KV geometry)", "32 layers, prompts of 4,096 tokens")
+# Two that differ only in whether the hooks record the requests: what a request costs
+# recorded and not, and the share of requests a sample may record for the goal (`_by_sample_rate`).
+BY_SAMPLE_RATE = ("32 layers (Llama-3-8B's KV geometry)", "32 layers, no request recorded (sample_rate 0)")
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -125,7 +132,9 @@ def _chunk_bytes(layers: int) -> int:
     return 2 * layers * MODEL["num_key_value_heads"] * MODEL["head_dim"] * 2 * CHUNK
 
 
-def _transfer(name: str, url: str, root: Path, layers: int, prompt_tokens: int, requests: int) -> dict[str, Any]:
+def _transfer(
+    name: str, url: str, root: Path, layers: int, prompt_tokens: int, requests: int, sample_rate: float
+) -> dict[str, Any]:
     # LMCache's CPU pool holds every prompt (and a margin): the fetches read the server.
     pool_gb = (WARM_UPS + requests + 1) * prompt_tokens // CHUNK * _chunk_bytes(layers) / 1e9
     return {
@@ -137,6 +146,7 @@ def _transfer(name: str, url: str, root: Path, layers: int, prompt_tokens: int, 
                 "wrap_module_path": "bench.topology_probe",
                 "replica": name,
                 "export": f"file:{root / 'traces' / name}.jsonl",
+                "sample_rate": sample_rate,
             },
             "lmcache.remote_url": url,
             "lmcache.chunk_size": CHUNK,
@@ -226,10 +236,17 @@ def _gc_share(seconds: dict[str, float], calls: dict[str, float], key: str) -> f
     return seconds["gc"] * max(calls[f"{key}.allocations"], 0) / allocations if allocations > 0 else 0.0
 
 
-def _report(
-    side: str, figures: dict[str, Any], requests: int, pages: int, blocks: int, chunk_bytes: int
-) -> tuple[float, float]:
-    """Print a side's figures; return the hooks' CPU and the engine's wall time, in seconds a request."""
+class Side(NamedTuple):
+    """One side of a deployment, in seconds a request: the hooks' CPU, the engine's wall time,
+    and the engine's time modelled on an H100 (`_report_engine_parts`; None under `--cuda`)."""
+
+    hooks: float
+    engine: float
+    modelled: float | None
+
+
+def _report(side: str, figures: dict[str, Any], requests: int, pages: int, blocks: int, chunk_bytes: int) -> Side:
+    """Print a side's figures, and return them."""
     seconds = _since_warm_up(figures["seconds"], figures["first_step"])
     calls = _since_warm_up(figures["calls"], figures["first_step_calls"])
     # The transfer's wall time without the hook's CPU time inside it; and its CPU time on the
@@ -273,14 +290,14 @@ def _report(
         f"{inside / requests * us:6.1f} us/request (not counted); the probe's own clock reads inside the hooks' "
         f"windows {probe / requests * us:5.1f} us/request at least (taken off)"
     )
-    _report_engine_parts(side, seconds, engine, hooks, requests, pages, chunk_bytes)
+    modelled = _report_engine_parts(side, seconds, engine, hooks, requests, pages, chunk_bytes)
     _report_idle_steps(seconds, calls, scheduler, scheduler_calls)
-    return hooks / requests, engine / requests
+    return Side(hooks / requests, engine / requests, modelled)
 
 
 def _report_engine_parts(
     side: str, seconds: dict[str, float], engine: float, hooks: float, requests: int, pages: int, chunk_bytes: int
-) -> None:
+) -> float | None:
     """The engine's wall time split where the CPU deployment allows: the copy kernel (the CPU
     stand-in for LMCache's CUDA copy, which a GPU does at its own speed), the fetch's reads from
     the pool's server (the transfer and its decoding, which a network does at its own), and the
@@ -289,10 +306,11 @@ def _report_engine_parts(
     copied over the GPU's host link and, where the fetch read the pool, sent across the pool's
     network, at the rates of the simulator's `CostModel` (docs/design.md section 5). A high
     estimate of the hooks' share there: a faster CPU than this one shrinks the hooks and
-    LMCache's own work alike, not the copy or the network."""
+    LMCache's own work alike, not the copy or the network. Returns the modelled engine's time,
+    in seconds a request."""
     copy, pool = seconds[f"engine_{side}_copy_wall"], seconds[f"engine_{side}_pool_wall"]
     if not copy:  # `--cuda`: the engine's copy is a GPU's
-        return
+        return None
     rest = engine - copy - pool
     cost = CostModel()
     per_chunk = cost.transfer_s(chunk_bytes, local=True) + (cost.transfer_s(chunk_bytes) if pool else 0.0)
@@ -304,6 +322,7 @@ def _report_engine_parts(
         f"work) {rest * ms:6.2f}: the hooks {hooks / rest:6.2%} of the rest; on an H100 engine (modelled: the rest as "
         f"here, each chunk {per_chunk * 1e3:.2f} ms) {modelled * ms:6.2f} ms/request, the hooks {hooks / modelled:6.2%}"
     )
+    return modelled / requests
 
 
 def _report_idle_steps(
@@ -339,11 +358,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{machine()}; vLLM and LMCache on {'CUDA' if cuda else 'the CPU'}")
     measured = {label: _measure(label, *run, CUDA_ENV if cuda else CPU_ENV) for label, run in RUNS.items()}
     _by_length(*(measured[label] for label in BY_LENGTH), *(RUNS[label][3] // CHUNK for label in BY_LENGTH))
+    _by_sample_rate(*(measured[label] for label in BY_SAMPLE_RATE))
 
 
-def _by_length(
-    short: dict[str, tuple[float, float]], long: dict[str, tuple[float, float]], short_chunks: int, long_chunks: int
-) -> None:
+def _by_length(short: dict[str, Side], long: dict[str, Side], short_chunks: int, long_chunks: int) -> None:
     """The hooks' cost a request, split by the two runs of `BY_LENGTH` (prompts of
     `short_chunks` and `long_chunks` chunks, all else alike) into what each further chunk
     adds and what a request costs whatever its length; and where that leaves the goal: the
@@ -351,7 +369,7 @@ def _by_length(
     share of a request's transfer tends to as its prompt grows."""
     us = 1e6
     for side in ("store", "fetch"):
-        (short_hooks, _), (long_hooks, long_engine) = short[side], long[side]
+        short_hooks, (long_hooks, long_engine, _) = short[side].hooks, long[side]
         per_chunk = (long_hooks - short_hooks) / (long_chunks - short_chunks)
         per_request = short_hooks - short_chunks * per_chunk
         engine_chunk = long_engine / long_chunks
@@ -363,6 +381,34 @@ def _by_length(
         )
 
 
+def _by_sample_rate(recorded: dict[str, Side], unrecorded: dict[str, Side]) -> None:
+    """What a request costs the hooks recorded (`recorded`: every request) and not
+    (`unrecorded`: none), all else alike; at a sample rate r, r of one and 1 - r of the other
+    in expectation; and the highest rate that keeps the hooks under 1% of this engine's wall
+    time and of the H100 engine modelled on it (where the recorded run modelled one)."""
+    us = 1e6
+    for side in ("store", "fetch"):
+        (full, engine, modelled), none = recorded[side], unrecorded[side].hooks
+        where = f"of this engine's wall time ({engine * 1e3:.2f} ms) {_highest_rate(full, none, engine)}"
+        if modelled:
+            where += f", of the modelled H100 engine's ({modelled * 1e3:.2f} ms) {_highest_rate(full, none, modelled)}"
+        print(
+            f"{side:<5} by sample rate: the hooks {full * us:6.1f} us a request recorded, {none * us:6.1f} us not "
+            f"({none / full:.0%}); the highest sample rate for the goal (< 1%): {where}"
+        )
+
+
+def _highest_rate(recorded: float, unrecorded: float, transfer: float) -> str:
+    """The highest share of requests recorded that keeps the hooks' expected cost a request
+    (`recorded` and `unrecorded` seconds) under 1% of `transfer` seconds."""
+    budget = 0.01 * transfer
+    if unrecorded >= budget:
+        return "none (a request not recorded already costs more)"
+    if recorded <= budget:
+        return "1 (every request)"
+    return f"{(budget - unrecorded) / (recorded - unrecorded):.3f}"
+
+
 def _measure(
     label: str,
     layers: int,
@@ -370,12 +416,13 @@ def _measure(
     tokens: int,
     prompt_tokens: int,
     requests: int,
+    sample_rate: float,
     device_env: dict[str, str],
-) -> dict[str, tuple[float, float]]:
+) -> dict[str, Side]:
     """One deployment (server, producer, consumer) of a model `layers` deep, its `requests`
-    `together` or one at a time, each of `prompt_tokens` and generating `tokens`, on the
-    engines `device_env` picks; its figures printed, and by side the hooks' CPU and the
-    engine's wall time, in seconds a request."""
+    `together` or one at a time, each of `prompt_tokens` and generating `tokens`, a share
+    `sample_rate` of them recorded, on the engines `device_env` picks; its figures printed,
+    and returned by side."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "model").mkdir()
@@ -395,7 +442,7 @@ def _measure(
             for name in ("producer", "consumer"):
                 spec = {
                     "model": model,
-                    "transfer": _transfer(name, url, root, layers, prompt_tokens, requests),
+                    "transfer": _transfer(name, url, root, layers, prompt_tokens, requests, sample_rate),
                     "together": together,
                     "tokens": tokens,
                     "prompt_tokens": prompt_tokens,

@@ -18,8 +18,9 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   `fetch.end_lookup`, the store plugin's `batched_submit_put_task`: each records a whole
   operation), taken off the engine's figure. The instrumentor's thin wrappers stay
   uncounted (around each wrapped method a call, a context variable, the link's lookup and
-  the clock read where the operation begins, `_began`; and a dict store per chunk LMCache
-  hashes, in the wrapper of its `process_tokens`): a clock costs more than any of them;
+  the clock read where the operation begins, `_began`, and, where the deployment records a
+  share of its requests, the sampler's choice; and a dict store per chunk LMCache hashes, in
+  the wrapper of its `process_tokens`): a clock costs more than any of them;
 - `KVAuditConnector`'s worker calls, every one vLLM makes at each step or layer
   (`bind_connector_metadata`, `start_load_kv`, `save_kv_layer`, `wait_for_save`, and
   those that collect results, `_COLLECT`): the vLLM layer's own work is their time

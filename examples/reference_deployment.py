@@ -61,6 +61,7 @@ def transfer_config(replica: str, pool_url: str, out: Path) -> dict[str, Any]:
                 "replica": replica,
                 "export": f"file:{out / 'traces' / replica}.jsonl",
                 "guard": True,
+                "sample_rate": 1.0,  # every request; lower it to record a share (docs/design.md section 3.10)
                 "lmcache": {"registry": str(out / "registry")},
             },
             "lmcache.remote_url": pool_url,

@@ -107,6 +107,8 @@ class Res:
     KV_HEAD_SIZE: Final = "kvaudit.kv.head_size"
     # The replica's geometry fingerprint (`geometry_fingerprint`, docs/design.md section 4.5).
     KV_GEOMETRY: Final = "kvaudit.kv.geometry"
+    # The share of requests the process records, where it records fewer than all (docs/design.md section 3.10).
+    SAMPLE_RATE: Final = "kvaudit.sample.rate"
 
 
 class SpanAttr:

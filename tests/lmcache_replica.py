@@ -49,15 +49,18 @@ def run_pool(
     # Each pool gets its own token sequence, hence its own keys.
     tokens = list(range(pool["offset"], pool["offset"] + spec["tokens"]))
     result: dict[str, int] = {}
+    # The request LMCache is told it serves, where the spec names one (the hook samples by it).
+    request = spec.get("request_id")
+    store_id, lookup_id = ({"req_id": request}, {"lookup_id": request}) if request else ({}, {})
     try:
         if spec["role"] == "store":
             kv = own_kv(spec)
-            engine.store(tokens, kvcache=kv)
+            engine.store(tokens, kvcache=kv, **store_id)
             wait_until_pooled(engine, tokens)
         else:
-            result["lookup"] = engine.lookup(tokens)
+            result["lookup"] = engine.lookup(tokens, **lookup_id)
             kv = torch.zeros_like(own_kv(spec))
-            hit = engine.retrieve(tokens, kvcache=kv)
+            hit = engine.retrieve(tokens, kvcache=kv, **store_id)
             kv[:, :, ~hit] = own_kv(spec)[:, :, ~hit]
             result["retrieved"] = int(hit.sum())
             result["recomputed"] = int((~hit).sum())
@@ -103,6 +106,7 @@ def main(spec: dict[str, Any]) -> None:
             checksum_rate=spec.get("checksum_rate", 0.0),
             registry=spec.get("registry"),
             prevent=spec.get("prevent", False),
+            sample_rate=spec.get("sample_rate", 1.0),
         )
         extra, plugins = hook.plugin_config(), [hook.PLUGIN_NAME]
     try:

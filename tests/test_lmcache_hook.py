@@ -150,6 +150,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, lm_url: str) -> Iterator[Runs
         _spec(tmp, "r2", "fetch", lm, GEOMETRY_R1, checksum_rate=1.0),
         _spec(tmp, "r3", "fetch", lm, GEOMETRY_SPLIT),
         _spec(tmp, "r4", "fetch", lm, GEOMETRY_SPLIT, guard=True, registry=registry, checksum_rate=1.0),
+        # r4 recording none of its requests (sampled by the request id LMCache is told): the
+        # guard still judges them.
+        _spec(tmp, "s4", "fetch", lm, GEOMETRY_SPLIT, guard=True, registry=registry, sample_rate=0, request_id="s4-0"),
         _spec(tmp, "f2", "fetch", fs, GEOMETRY_R1),
         # With prevent on: r2 and r3 again.
         _spec(tmp, "p2", "fetch", lm, GEOMETRY_R1, prevent=True),
@@ -276,6 +279,11 @@ def test_guard_turns_the_misread_into_a_miss_and_recompute(runs: Runs) -> None:
     assert (span["outcome"], span["tokens_hit"], span["pages"]) == ("rejected", 0, 3)
 
 
+def test_guard_judges_a_request_not_recorded(runs: Runs) -> None:
+    assert runs.result("s4") == {"lookup": STORED, "retrieved": 0, "recomputed": TOKENS}
+    assert runs.rows("SELECT op FROM spans WHERE replica = 's4' AND op IN ('lookup', 'fetch', 'store')") == []
+
+
 def _store_keys(runs: Runs, replica: str) -> list[str]:
     return [row["key"] for row in runs.pages(replica, "store")]
 
@@ -385,14 +393,17 @@ def test_fs_without_chunk_meta_fetches_pages_missing_their_metadata(runs: Runs) 
 def test_every_hooked_process_declares_its_own_configuration(runs: Runs) -> None:
     rows = runs.rows("SELECT replica, engine, engine_version, kv_heads, head_size, layout FROM replicas ORDER BY 1")
     declared = {row["replica"]: row for row in rows}
-    assert set(declared) == {"f1", "f2", "p1", "p2", "p3", "r1", "r2", "r3", "r4"}
+    assert set(declared) == {"f1", "f2", "p1", "p2", "p3", "r1", "r2", "r3", "r4", "s4"}
     assert (declared["r3"]["kv_heads"], declared["r3"]["head_size"]) == (4, 8)
     assert {(row["engine"], row["engine_version"], row["layout"]) for row in rows} == {("lmcache", "0.5.6", "KV_2LTD")}
     assert runs.rows("SELECT * FROM read_errors") == []
 
 
-def _local_round(name: str, hooked: bool) -> tuple[int, int, Any]:
-    """Store a sequence in a local-CPU-only engine, then look it up and retrieve it."""
+def _local_round(
+    name: str, hooked: bool, store_id: str = "req-store", load_id: str = "req-load"
+) -> tuple[int, int, Any]:
+    """Store a sequence in a local-CPU-only engine (request `store_id`), then look it up and
+    retrieve it (request `load_id`)."""
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from kvaudit.hooks import lmcache as hook
@@ -407,35 +418,60 @@ def _local_round(name: str, hooked: bool) -> tuple[int, int, Any]:
     try:
         tokens = list(range(TOKENS))
         kv = torch.randn(2, 2, TOKENS, 2, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-        engine.store(tokens, kvcache=kv, req_id="req-store")
-        looked_up = engine.lookup(tokens, lookup_id="req-load")
+        engine.store(tokens, kvcache=kv, req_id=store_id)
+        looked_up = engine.lookup(tokens, lookup_id=load_id)
         out = torch.zeros_like(kv)
-        retrieved = int(engine.retrieve(tokens, kvcache=out, req_id="req-load").sum())
+        retrieved = int(engine.retrieve(tokens, kvcache=out, req_id=load_id).sum())
         return looked_up, retrieved, out
     finally:
         LMCacheEngineBuilder.destroy(name)
 
 
-def test_hooks_change_nothing_with_guard_off(tmp_path: Path) -> None:
+def _beside_plain(
+    tmp_path: Path, replica: str, store_id: str = "req-store", load_id: str = "req-load", **options: Any
+) -> TraceStore:
+    """A local round unhooked and one hooked with `options`, which LMCache must serve alike;
+    the hooked round's traces."""
     from kvaudit.hooks import lmcache as hook
 
     plain = _local_round("plain", hooked=False)
-    assert hook.instrument(replica="same", export=f"file:{tmp_path}/same.jsonl", checksum_rate=1.0)
+    assert hook.instrument(replica=replica, export=f"file:{tmp_path}/{replica}.jsonl", **options)
     try:
-        hooked = _local_round("hooked", hooked=True)
+        hooked = _local_round(replica, hooked=True, store_id=store_id, load_id=load_id)
     finally:
         hook.uninstrument()
     assert plain[:2] == hooked[:2] == (STORED, STORED)
     assert torch.equal(plain[2], hooked[2])
-
     store = TraceStore([tmp_path])
     store.refresh()
+    return store
+
+
+def test_hooks_change_nothing_with_guard_off(tmp_path: Path) -> None:
+    store = _beside_plain(tmp_path, "same", checksum_rate=1.0)
     _, rows = store.query("SELECT op, count(*), bool_and(coalesce(used, true)) FROM pages GROUP BY op ORDER BY op")
     # Destroying the engine removes its pages: the evictions are part of the record too.
     assert rows == [("evict", 3, True), ("fetch", 3, True), ("store", 3, True)]
     _, rows = store.query("SELECT op, request_id FROM spans WHERE op IN ('store', 'lookup', 'fetch') ORDER BY start_ns")
     assert rows == [("store", "req-store"), ("lookup", "req-load"), ("fetch", "req-load")]
     store.close()
+
+
+def test_a_sample_rate_records_the_chosen_requests_alone(tmp_path: Path) -> None:
+    """At rate 0.5, a store of a request the sampler chooses is recorded, the lookup and fetch
+    of one it does not are not, and LMCache serves both alike."""
+    from kvaudit.sampling import request_sampler
+
+    sampler = request_sampler(0.5)
+    assert sampler is not None
+    ids = [f"req-{n}" for n in range(64)]
+    chosen, left_out = next(filter(sampler, ids)), next(i for i in ids if not sampler(i))
+    store = _beside_plain(tmp_path, "sampled", chosen, left_out, sample_rate=0.5)
+    _, rows = store.query("SELECT op, request_id FROM spans WHERE op IN ('store', 'lookup', 'fetch')")
+    assert rows == [("store", chosen)]
+    store.close()
+    resource = json.loads((tmp_path / "sampled.jsonl").read_text().splitlines()[0])["resourceSpans"][0]["resource"]
+    assert {"key": "kvaudit.sample.rate", "value": {"doubleValue": 0.5}} in resource["attributes"]
 
 
 def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCaptureFixture) -> None:

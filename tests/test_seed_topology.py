@@ -19,7 +19,9 @@ The replicas, each run once for the whole module, two at a time, producers first
     pool                        producer              consumers
     server (lm://)              producer              consumer (clean), split and split_guard
                                                       (the same model with another head split
-                                                      of the same width, without and with guard)
+                                                      of the same width, without and with guard),
+                                                      sampled (clean, guard on, recording no
+                                                      request: sample_rate 0)
     path (fs://, prevent)       path_producer         path_consumer (clean), upgraded (the other
                                                       head split)
     raw (fs://, no chunk meta)  raw_producer (the     raw_consumer, raw_guard (without and
@@ -61,7 +63,7 @@ import pytest
 from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.cli import main as kvaudit
-from kvaudit.contract import Hook, Transfer
+from kvaudit.contract import Hook, TelemetryAttr, Transfer
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 from kvaudit.tui.source import LiveSource
@@ -76,7 +78,7 @@ pytestmark = [
         find_spec("vllm") is None or find_spec("lmcache") is None,
         reason="vllm and lmcache are installed by scripts/install-vllm.sh and scripts/install-lmcache.sh",
     ),
-    # The first test waits for the module's ten replicas: about 5 minutes on an idle
+    # The first test waits for the module's eleven replicas: about 5 minutes on an idle
     # 2-core machine, several times that when other work shares the cores.
     pytest.mark.timeout(3600),
     # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
@@ -147,6 +149,7 @@ def _spec(
     baseline: bool = False,
     prevent: bool = False,
     export: str | None = None,
+    sample_rate: float = 1.0,
 ) -> dict[str, Any]:
     audit = {
         "wrap": "RawPointerFaultLMCacheConnector" if raw_pointer else "CPULMCacheConnectorV1",
@@ -155,6 +158,7 @@ def _spec(
         "export": export or f"file:{base / 'traces' / pool / name}.jsonl",
         "guard": guard,
         "prevent": prevent,
+        "sample_rate": sample_rate,
         # Both hooks from this one section: the LMCache hook's options in its subsection.
         "lmcache": {"registry": str(base / "registry" / pool)},
     }
@@ -209,7 +213,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             replica("raw", "raw_consumer", ("raw_producer",)),
             replica("server", "consumer", ("producer",), export=f"otlp:http://127.0.0.1:{collector_port}"),
             replica("path", "path_producer", prevent=True),
-            replica("server", "split_guard", ("consumer", "split"), split=True, guard=True),
+            replica("server", "sampled", ("producer",), guard=True, sample_rate=0.0),
+            replica("server", "split_guard", ("consumer", "split", "sampled"), split=True, guard=True),
             replica("raw", "raw_guard", ("raw_consumer",), guard=True),
             replica("path", "path_consumer", ("path_producer",), prevent=True),
             replica("path", "upgraded", ("path_producer",), split=True, prevent=True),
@@ -302,6 +307,22 @@ def test_both_layers_are_joined(deployment: Deployment) -> None:
     # The LMCache layer names requests by vLLM's external id, lookups included.
     assert {row["request_id"] for row in lmcache_ops} == {"0"}
     assert {(row["replica"], row["op"]) for row in lmcache_ops} >= {("producer", "store"), ("consumer", "fetch")}
+
+
+def test_a_replica_recording_no_request_still_judges_and_reuses_the_pools_pages(deployment: Deployment) -> None:
+    """sample_rate 0 with the guard on: both layers still judge every page (and pass the
+    producer's), the pool serves the prompt, and neither layer records the request."""
+    assert deployment["sampled"].result[0]["cached"] == CACHED
+    assert deployment.tokens("sampled") == deployment.tokens("producer")
+    store = deployment.store("server", "sampled")
+    try:
+        names = _rows(store, "SELECT DISTINCT name FROM spans")
+        replicas = _rows(store, "SELECT DISTINCT replica FROM replicas")
+    finally:
+        store.close()
+    # Its vLLM processes declared themselves (and the rate) in telemetry spans alone.
+    assert names == [{"name": TelemetryAttr.SPAN_NAME}]
+    assert replicas == [{"replica": "sampled"}]
 
 
 def test_queries_report_and_tui_show_reuse_between_replicas_on_both_layers(

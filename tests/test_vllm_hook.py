@@ -10,6 +10,8 @@ order their shared stores need:
     fault1  KVAuditConnector(fault),     fault2  KVAuditConnector(fault), guard off
             float32                      guard2  KVAuditConnector(fault), guard on,
                                                  kv_load_failure_policy=recompute
+                                         sampled2  guard2 recording no request
+                                                 (sample_rate 0)
 
 r1 computes from scratch: its output is the no-cache baseline. r1 and plain1 then reset
 their prefix caches and run the prompt twice more (requests 1 and 2): from the
@@ -40,7 +42,16 @@ import pytest
 from kvaudit.analyse.audit import run_audit
 from kvaudit.analyse.explain import Explanation, explain
 from kvaudit.causes import Cause
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Hook, PageDescriptor, Res, Tier, geometry_fingerprint
+from kvaudit.contract import (
+    REQUIRED_ON_FETCH,
+    REQUIRED_ON_STORE,
+    Hook,
+    PageDescriptor,
+    Res,
+    TelemetryAttr,
+    Tier,
+    geometry_fingerprint,
+)
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
@@ -63,6 +74,7 @@ BLOCK = 32
 CACHED = (len(PROMPT) - 1) // BLOCK * BLOCK  # ExampleConnector stores whole blocks, short of the last token
 PAGES = CACHED // BLOCK
 FAULT_SALT = "fault-pool"
+TELEMETRY = TelemetryAttr.SPAN_NAME
 MAX_PARALLEL = 2
 REPLICA_TIMEOUT_S = 900
 # One OpenMP thread per engine: two run at once on two cores.
@@ -85,7 +97,14 @@ class Replica:
 
 
 def _transfer(
-    base: Path, store: str, replica: str | None, *, fault: bool = False, guard: bool = False, module_path: bool = False
+    base: Path,
+    store: str,
+    replica: str | None,
+    *,
+    fault: bool = False,
+    guard: bool = False,
+    module_path: bool = False,
+    sample_rate: float = 1.0,
 ) -> dict[str, Any]:
     """A KVTransferConfig: ExampleConnector, or KVAuditConnector around it or the fault connector."""
     extra: dict[str, Any] = {"shared_storage_path": str(base / "kv" / store)}
@@ -97,6 +116,7 @@ def _transfer(
         "export": f"file:{base / 'traces' / replica}.jsonl",
         "guard": guard,
         "stamp_dir": str(base / "stamps" / store),
+        "sample_rate": sample_rate,
     }
     if fault:
         audit |= {"wrap": "RawPointerFaultConnector", "wrap_module_path": "kvaudit.hooks.vllm.fault"}
@@ -120,8 +140,9 @@ def _replicas(base: Path) -> list[Replica]:
     def reset_then_again(replica: dict[str, Any]) -> dict[str, Any]:
         return replica | {"after_reset": [PROMPT, PROMPT]}
 
-    def fault(replica: str, *, guard: bool = False, dtype: str = "bfloat16") -> dict[str, Any]:
-        return spec(_transfer(base, "fault", replica, fault=True, guard=guard, module_path=True), dtype, FAULT_SALT)
+    def fault(replica: str, *, guard: bool = False, dtype: str = "bfloat16", sample_rate: float = 1.0) -> dict:
+        transfer = _transfer(base, "fault", replica, fault=True, guard=guard, module_path=True, sample_rate=sample_rate)
+        return spec(transfer, dtype, FAULT_SALT)
 
     # r1/r2 load the wrapper by name (the vllm.general_plugins entry point), the
     # fault replicas by module path: both ways are exercised.
@@ -133,6 +154,7 @@ def _replicas(base: Path) -> list[Replica]:
         Replica("plain2", spec(_transfer(base, "plain", None)), after=("plain1",)),
         Replica("fault2", fault("fault2"), after=("fault1",)),
         Replica("guard2", fault("guard2", guard=True), after=("fault1",)),
+        Replica("sampled2", fault("sampled2", guard=True, sample_rate=0.0), after=("fault1",)),
     ]
 
 
@@ -369,6 +391,31 @@ def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceSto
     assert rows == [("rejected", 0)]
 
 
+def test_a_request_not_recorded_is_still_guarded(fleet: Fleet, store: TraceStore) -> None:
+    """With sample_rate 0 the guard still refuses the faulty pages, and no layer records the request."""
+    baseline, sampled = fleet["r1"].out, fleet["sampled2"].out
+    assert sampled["tokens"] == baseline["tokens"]
+    assert "Recovered from KV load failure" in fleet["sampled2"].log
+    query = "SELECT name FROM spans WHERE replica = 'sampled2' AND name <> $telemetry"
+    _, rows = store.query(query, {"telemetry": TELEMETRY})
+    assert rows == []
+    # Its scheduler and worker each declared the rate, in a telemetry span of their own.
+    resources = [
+        resource_spans["resource"]
+        for path in (fleet.base / "traces").glob("sampled2*.jsonl")
+        for line in path.read_text().splitlines()
+        for resource_spans in json.loads(line)["resourceSpans"]
+    ]
+    assert len({_attribute(r, Res.PROCESS_PID) for r in resources}) == 2
+    assert {_attribute(r, Res.SAMPLE_RATE) for r in resources} == {0.0}
+
+
+def _attribute(resource: dict[str, Any], name: str) -> Any:
+    """The value of a resource attribute, whatever its OTLP JSON type."""
+    value = next(attribute["value"] for attribute in resource["attributes"] if attribute["key"] == name)
+    return next(iter(value.values()))
+
+
 def test_audit_reports_the_fault(store: TraceStore) -> None:
     findings = run_audit(store)
     by_replica: dict[str, set[tuple[str, str]]] = {}
@@ -443,6 +490,8 @@ def test_settings_require_wrap_and_replica() -> None:
     )
     with pytest.raises(ValueError, match="replica"):
         AuditSettings.from_extra_config({"kvaudit": {"wrap": "ExampleConnector"}})
+    with pytest.raises(ValueError, match=r'kv_connector_extra_config\["kvaudit"\]\["sample_rate"\] must be a number'):
+        AuditSettings.from_extra_config({"kvaudit": {"wrap": "ExampleConnector", "replica": "r1", "sample_rate": 2}})
 
 
 def test_external_request_id_strips_vllms_suffix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,8 @@ def _record(
     """Queue the operation (`last`: the token range of its last key); under a layer above
     (the link), as its child and under its request id."""
     started, engine_request_id, link = began
+    if not state.records(engine_request_id, link):
+        return
     state.emitter(manager.config, manager.metadata).record(
         op,
         Hook.LMCACHE_ENGINE,

@@ -56,6 +56,7 @@ def instrument(
     checksum_rate: float = 0.0,
     registry: str | None = None,
     prevent: bool = False,
+    sample_rate: float = 1.0,
 ) -> bool:
     """Install the fetch and lookup hooks; False (and one log line) on an unsupported LMCache.
 
@@ -69,6 +70,8 @@ def instrument(
             descriptors, so the guard can compare a fetched page with its store.
         prevent: put the engine's geometry fingerprint into every key it makes, so
             pages of replicas that cannot read each other's never hit (`prevent`).
+        sample_rate: the share of requests recorded, 0 to 1, chosen by request id
+            (docs/design.md section 3.10); the guard judges them all.
     """
     if _originals:
         return True
@@ -85,7 +88,7 @@ def instrument(
     from lmcache.v1.storage_backend.storage_manager import StorageManager
     from lmcache.v1.token_database import ChunkedTokenDatabase, SegmentTokenDatabase
 
-    options = runtime.Options(replica, export, guard, checksum_rate, registry, prevent)
+    options = runtime.Options(replica, export, guard, checksum_rate, registry, prevent, sample_rate)
     runtime.install(runtime.Runtime(options, emitter))
     pages.READ_IN_PLACE[:] = [TensorMemoryObj]
     _wrap(StorageManager, "batched_get", _batched_get)
@@ -161,6 +164,8 @@ def _batched_get(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, keys, location)
         began = _began(Op.FETCH)
+        if not state.options.guard and not state.records(began[1], began[2]):
+            return original(self, keys, location)  # a request not recorded, and nothing to judge
         objs = _call(state, self, Op.FETCH, began, keys, location, original, self, keys, location)
         return _finish(state, self, began, keys, objs, location, state.options.guard)
 
@@ -173,6 +178,8 @@ def _get(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, key, location)
         began = _began(Op.FETCH)
+        if not state.options.guard and not state.records(began[1], began[2]):
+            return original(self, key, location)  # a request not recorded, and nothing to judge
         obj = _call(state, self, Op.FETCH, began, [key], location, original, self, key, location)
         return _finish(state, self, began, [key], [obj], location, state.options.guard)[0]
 
@@ -228,6 +235,8 @@ def _batched_contains(original: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return original(self, keys, search_range, pin)
         began = _began(Op.LOOKUP)
+        if not state.records(began[1], None):
+            return original(self, keys, search_range, pin)  # a request not recorded
         hit, mapping = _call(state, self, Op.LOOKUP, began, keys, None, original, self, keys, search_range, pin)
         try:
             fetch.end_lookup(state, self, began, keys, hit)

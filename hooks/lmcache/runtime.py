@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from kvaudit.contract import KVConfig, geometry_fingerprint
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import UNRECORDED, Emitter, setup_emitter
 from kvaudit.hooks.lmcache.registry import StoreRegistry
+from kvaudit.sampling import request_sampler, sample_rate
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
+
+    from kvaudit.hooks.lmcache.links import Link
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ CFG_GUARD: Final = "kvaudit.guard"
 CFG_CHECKSUM_RATE: Final = "kvaudit.checksum_rate"
 CFG_REGISTRY: Final = "kvaudit.registry"
 CFG_PREVENT: Final = "kvaudit.prevent"
+CFG_SAMPLE_RATE: Final = "kvaudit.sample_rate"
 
 # The request an engine call serves, set around LMCacheEngine's store/retrieve/lookup
 # so the storage-level hooks below them can name it.
@@ -55,6 +59,7 @@ class Options:
     checksum_rate: float = 0.0
     registry: str | None = None
     prevent: bool = False
+    sample_rate: float = 1.0
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Options:
@@ -66,6 +71,7 @@ class Options:
             checksum_rate=float(extra.get(CFG_CHECKSUM_RATE, 0.0)),
             registry=extra.get(CFG_REGISTRY),
             prevent=_switch(extra.get(CFG_PREVENT)),
+            sample_rate=sample_rate(extra.get(CFG_SAMPLE_RATE, 1.0), f'extra_config["{CFG_SAMPLE_RATE}"]'),
         )
 
 
@@ -78,6 +84,7 @@ class Runtime:
         self.options = options
         self.registry = StoreRegistry(options.registry) if options.registry else None
         self.hash_algo: str | None = None
+        self._sampler = request_sampler(options.sample_rate)
         self._emitter = emitter
         self._owns_emitter = emitter is None
         self._lock = threading.Lock()
@@ -103,7 +110,17 @@ class Runtime:
             engine="lmcache",
             engine_version=lmcache.__version__,
             kv=self.kv_config(config, metadata),
+            sample_rate=self.options.sample_rate,
         )
+
+    def records(self, engine_request_id: str | None, link: Link | None) -> bool:
+        """Whether an operation on this request is recorded (docs/design.md section 3.10): as the
+        layer above chose, where a link names its operation, else as this runtime's sampler does
+        (with the same request id, the same choice)."""
+        if link is not None:
+            return link.parent is not UNRECORDED
+        sampler = self._sampler
+        return sampler is None or sampler(engine_request_id)
 
     def kv_config(self, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> KVConfig:
         """The engine's own configuration, as its resource declares it and the guard checks it,

@@ -52,7 +52,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Tier
-from kvaudit.emit.emitter import Emitter, Operation, setup_emitter
+from kvaudit.emit.emitter import UNRECORDED, Emitter, Operation, setup_emitter
 from kvaudit.guard import violations
 from kvaudit.hooks.vllm import lmcache_layer
 from kvaudit.hooks.vllm.delegation import forward_interface, note_inner_class
@@ -72,6 +72,7 @@ from kvaudit.hooks.vllm.prevent import request_tag, tag_request
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_vllm_config
 from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
 from kvaudit.hooks.vllm.version import check_vllm_version
+from kvaudit.sampling import request_sampler
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -189,8 +190,14 @@ class KVAuditConnector(KVConnectorBase_V1):
             engine_version=vllm.__version__,
             service_name="vllm",
             kv=self._kv,
+            sample_rate=self._settings.sample_rate,
         )
         atexit.register(self._emitter.shutdown)
+        # Which requests are recorded (None: all), by vLLM's request id, as LMCache's hook chooses.
+        self._sampler = request_sampler(self._settings.sample_rate)
+        # A request not recorded is still planned where its pages are still judged (the guard)
+        # or stamped for other replicas' guards: only the spans are left out.
+        self._plan_all = self._settings.guard or self._settings.stamp_dir is not None
         # Scheduler side: requests looked up and not finished, and the loads planned.
         self._requests: dict[str, Request] = {}
         self._local_tokens: dict[str, int] = {}
@@ -422,6 +429,12 @@ class KVAuditConnector(KVConnectorBase_V1):
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 
     def _operation(self, op: Op, unit: Unit) -> Operation:
+        sampler = self._sampler
+        if sampler is not None and not sampler(unit.plan.req_id):
+            # A request not recorded: the guard still judges it; a layer below records nothing for it.
+            if self._layer is not None:
+                self._layer.join(unit, UNRECORDED)
+            return UNRECORDED
         traced = unit.plan.trace_parent
         operation = self._emitter.operation(
             op,
@@ -457,6 +470,16 @@ class KVAuditConnector(KVConnectorBase_V1):
         # A request that arrived with a W3C trace context: its lookup is a span of that trace,
         # as its loads and saves are (their plans carry the context to the workers). Its
         # headers are looked at here first, so that an untraced request makes no call.
+        sampler = self._sampler
+        if sampler is not None and not sampler(request.request_id):
+            # A request not recorded (docs/design.md section 3.10): planned only where its pages
+            # are judged or stamped, else left to the inner connector alone (written out here:
+            # a frame fewer for each such request).
+            answer = self._inner.get_num_new_matched_tokens(request, num_computed_tokens)
+            if self._plan_all:
+                self._requests[request.request_id] = request
+                self._local_tokens[request.request_id] = num_computed_tokens
+            return answer
         traced = request.trace_headers
         started = time.time_ns()
         try:
@@ -539,6 +562,10 @@ class KVAuditConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         inner_meta = self._inner.build_connector_meta(scheduler_output)
+        if not self._requests:
+            # No request to plan (none looked up and unfinished is recorded, or judged): the
+            # step's requests are not walked (a sampled replica's usual step).
+            return inner_meta
         # The plans of the requests whose whole block table the step carries (written out
         # here: a call fewer at every step).
         plans: list[RequestPlan] = []

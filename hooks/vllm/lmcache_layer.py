@@ -5,9 +5,10 @@ subclass), LMCache's engine runs inside the same vLLM worker process. Then, from
 `kvaudit` section of `kv_connector_extra_config` (docs/design.md section 6.4):
 
 - `inner_config` installs kvaudit's LMCache hook in the worker (the instrumentor, and the
-  store plugin in LMCache's own configuration) with the same replica id and guard, an
-  export of its own (the LMCache process resource declares LMCache's configuration) and
-  the options of the `lmcache` subsection (`registry`, `checksum_rate`, `export`);
+  store plugin in LMCache's own configuration) with the same replica id, guard and
+  `sample_rate` (it records the same requests), an export of its own (the LMCache
+  process resource declares LMCache's configuration) and the options of the `lmcache`
+  subsection (`registry`, `checksum_rate`, `export`);
 - `LMCacheFormat` describes LMCache's loads and stores at the vLLM layer, one page per
   vLLM block (keys are vLLM's block hashes), and `join` links each of its spans to the
   LMCache operations of the same request: LMCache's spans become its children and carry
@@ -132,6 +133,7 @@ def inner_config(inner: VllmConfig, settings: AuditSettings, worker: bool) -> Vl
         guard=settings.guard,
         checksum_rate=layer.checksum_rate,
         registry=layer.registry,
+        sample_rate=settings.sample_rate,
     )
     if not installed:
         return inner

@@ -3,7 +3,7 @@
 kv_connector_extra_config={
     "kvaudit": {"wrap": "ExampleConnector", "replica": "r1",
                 "export": "file:traces/{replica}.jsonl", "guard": True,
-                "stamp_dir": "/shared/kvaudit-stamps", "prevent": False},
+                "stamp_dir": "/shared/kvaudit-stamps", "prevent": False, "sample_rate": 1.0},
     "shared_storage_path": "/shared/kv",   # the inner connector's own keys
 }
 """
@@ -14,6 +14,8 @@ import copy
 import logging
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
+
+from kvaudit.sampling import sample_rate
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -56,6 +58,8 @@ class AuditSettings:
             world size and rank, head geometry). None: no stamps.
         prevent: around LMCache's connectors, put this replica's geometry fingerprint
             into the LMCache keys of every request (docs/design.md section 4.5).
+        sample_rate: the share of requests recorded, 0 to 1, chosen by request id in
+            every layer alike (docs/design.md section 3.10); the guard judges them all.
     """
 
     wrap: str
@@ -65,6 +69,7 @@ class AuditSettings:
     guard: bool = False
     stamp_dir: str | None = None
     prevent: bool = False
+    sample_rate: float = 1.0
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any]) -> AuditSettings:
@@ -84,6 +89,9 @@ class AuditSettings:
             guard=bool(section.get("guard", False)),
             stamp_dir=section.get("stamp_dir"),
             prevent=bool(section.get("prevent", False)),
+            sample_rate=sample_rate(
+                section.get("sample_rate", 1.0), f'kv_connector_extra_config["{SECTION}"]["sample_rate"]'
+            ),
         )
 
 

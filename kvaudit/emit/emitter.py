@@ -345,6 +345,10 @@ class _NoOperation(Operation, eq=False):
 _NO_OPERATION: Final = _NoOperation(
     None, Op.LOOKUP, "", None, None, None, None, None, None, 0, _context=INVALID_SPAN_CONTEXT
 )  # type: ignore[arg-type]
+# The operation of a request the process does not record (docs/design.md section 3.10): the
+# hooks work on it as on any other, the guard's checks included, and nothing is queued; a
+# layer below told it is its parent records nothing either (`is UNRECORDED`).
+UNRECORDED: Final = msgspec.structs.replace(_NO_OPERATION)
 
 
 class Emitter:
@@ -383,7 +387,11 @@ class Emitter:
         self._telemetry_interval_ns = int(telemetry_interval_s * 1e9)
         self._errors = 0
         self._lost_batches = 0
-        self._reported: tuple[int, int, int, int] = (0, 0, 0, 0)
+        # A process that records a share of its requests reports once even with nothing lost
+        # (None differs from any counts), so that its resource, and the rate it declares, is in
+        # the trace though it may record no request (docs/design.md section 3.10).
+        sampled = Res.SAMPLE_RATE in resource.attributes
+        self._reported: tuple[int, int, int, int] | None = None if sampled else (0, 0, 0, 0)
         self._next_report_ns = 0
         self._random = random.Random()
 
@@ -593,8 +601,10 @@ def replica_resource(
     engine_version: str | None = None,
     service_name: str | None = None,
     kv: KVConfig | None = None,
+    sample_rate: float = 1.0,
 ) -> Resource:
-    """The resource of one process of a replica; `OTEL_RESOURCE_ATTRIBUTES` is merged in."""
+    """The resource of one process of a replica; `OTEL_RESOURCE_ATTRIBUTES` is merged in.
+    `sample_rate`: the share of requests it records, declared where it is below 1."""
     attrs: dict[str, Any] = {
         Res.SERVICE_NAME: service_name or engine or TRACER_NAME,
         Res.REPLICA: replica,
@@ -605,6 +615,8 @@ def replica_resource(
     _put(attrs, Res.ENGINE_VERSION, engine_version)
     if kv is not None:
         attrs.update(kv.to_attributes())
+    if sample_rate < 1.0:
+        attrs[Res.SAMPLE_RATE] = sample_rate
     return Resource.create(attrs)
 
 
@@ -668,6 +680,7 @@ def setup_emitter(
     engine_version: str | None = None,
     service_name: str | None = None,
     kv: KVConfig | None = None,
+    sample_rate: float = 1.0,
     max_queue_spans: int = 8192,
     export_delay_s: float = 1.0,
     shutdown_timeout_s: float | None = None,
@@ -685,7 +698,9 @@ def setup_emitter(
     """
     if not replica:
         raise ValueError("kvaudit needs a replica id (service.instance.id)")
-    resource = replica_resource(replica, engine=engine, engine_version=engine_version, service_name=service_name, kv=kv)
+    resource = replica_resource(
+        replica, engine=engine, engine_version=engine_version, service_name=service_name, kv=kv, sample_rate=sample_rate
+    )
     exporter: SpanExporter
     try:
         exporter = exporter_for(export, replica)
