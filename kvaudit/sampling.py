@@ -23,12 +23,13 @@ _SPAN: Final = 1 << 32  # zlib.crc32's range
 
 def sample_rate(value: object, where: str) -> float:
     """`value` as a share of requests to record, 0 to 1; ValueError naming `where` otherwise."""
+    refusal = f"kvaudit {where} must be a number from 0 to 1, not {value!r}"
     try:
         rate = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"kvaudit {where} must be a number from 0 to 1, not {value!r}") from None
+        raise ValueError(refusal) from None
     if not 0.0 <= rate <= 1.0:  # NaN fails this too
-        raise ValueError(f"kvaudit {where} must be a number from 0 to 1, not {value!r}")
+        raise ValueError(refusal)
     return rate
 
 

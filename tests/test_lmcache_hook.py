@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
 torch = pytest.importorskip("torch")
 
-from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Op, PageDescriptor  # noqa: E402
+from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Op, PageDescriptor, Res  # noqa: E402
 from kvaudit.read.store import TraceStore  # noqa: E402
 
 from .servers import free_port, serving  # noqa: E402
@@ -471,7 +471,7 @@ def test_a_sample_rate_records_the_chosen_requests_alone(tmp_path: Path) -> None
     assert rows == [("store", chosen)]
     store.close()
     resource = json.loads((tmp_path / "sampled.jsonl").read_text().splitlines()[0])["resourceSpans"][0]["resource"]
-    assert {"key": "kvaudit.sample.rate", "value": {"doubleValue": 0.5}} in resource["attributes"]
+    assert {"key": Res.SAMPLE_RATE, "value": {"doubleValue": 0.5}} in resource["attributes"]
 
 
 def test_instrument_is_idempotent_and_uninstrument_restores(caplog: pytest.LogCaptureFixture) -> None:

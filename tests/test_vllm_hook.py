@@ -74,7 +74,6 @@ BLOCK = 32
 CACHED = (len(PROMPT) - 1) // BLOCK * BLOCK  # ExampleConnector stores whole blocks, short of the last token
 PAGES = CACHED // BLOCK
 FAULT_SALT = "fault-pool"
-TELEMETRY = TelemetryAttr.SPAN_NAME
 MAX_PARALLEL = 2
 REPLICA_TIMEOUT_S = 900
 # One OpenMP thread per engine: two run at once on two cores.
@@ -397,7 +396,7 @@ def test_a_request_not_recorded_is_still_guarded(fleet: Fleet, store: TraceStore
     assert sampled["tokens"] == baseline["tokens"]
     assert "Recovered from KV load failure" in fleet["sampled2"].log
     query = "SELECT name FROM spans WHERE replica = 'sampled2' AND name <> $telemetry"
-    _, rows = store.query(query, {"telemetry": TELEMETRY})
+    _, rows = store.query(query, {"telemetry": TelemetryAttr.SPAN_NAME})
     assert rows == []
     # Its scheduler and worker each declared the rate, in a telemetry span of their own.
     resources = [

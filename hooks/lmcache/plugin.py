@@ -73,63 +73,63 @@ class KvauditStorePlugin(StoragePluginInterface):
         transfer_spec: Any = None,
         on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
     ) -> None:
-        # The store's record, written out here (a frame fewer at every store, the stores of
-        # requests not recorded included); the hook's own failure must not become LMCache's.
         try:
-            # Looked up on every store: after uninstrument() the plugin records nothing.
-            state = runtime.current()
-            if state is None or not keys:
-                return None
-            started = time.time_ns()
-            engine_request_id = runtime.REQUEST_ID.get()
-            link = LINKS.get(engine_request_id, Op.STORE)
-            rate, registry, stored = state.options.checksum_rate, state.registry, 0
-            in_sample = state.records(engine_request_id, link)
-            if not in_sample and registry is None and link is None:
-                return None  # a request not recorded, whose pages no guard reads
-            emitter = state.emitter(self.config, self.metadata)
-            ranges = state.ranges_of(keys)
-            last = ranges[-1]
-            if self._geometry is None:
-                self._geometry = state.kv_config(self.config, self.metadata).geometry
-            # Read now, while LMCache holds the objects; the descriptors are made later (LazyPages).
-            recorded = []
-            for key, obj, facts, token_range in zip(keys, objs, objects_facts(objs), ranges, strict=False):
-                checksum = payload_checksum(obj) if rate and sampled(key, rate) else None
-                recorded.append((key, facts, token_range, checksum))
-                if token_range is not None:
-                    stored += token_range[1] - token_range[0]
-            metadata, hash_algo, geometry = self.metadata, state.hash_algo, self._geometry
-            pages = LazyPages(
-                len(recorded),
-                lambda: [
-                    store_page(key, facts, metadata, hash_algo, token_range, checksum, geometry)
-                    for key, facts, token_range, checksum in recorded
-                ],
-                all_used=True,
-            )
-            if registry is not None:
-                # Consumers compare what they fetch with this at once: made here, not later.
-                for key, page in zip(keys, pages, strict=False):
-                    registry.put(key, page)
-            if in_sample:
-                emitter.record(
-                    Op.STORE,
-                    Hook.LMCACHE_BACKEND,
-                    LINKS.request_id(engine_request_id, link),
-                    self._targets,
-                    last[1] if last else None,
-                    link.parent if link is not None else None,
-                    started,
-                    Outcome.HIT,
-                    (None, stored or None, None, None, None),
-                    pages.__iter__,  # a bound method: no function of its own to make
-                )
-            if link is not None:
-                link.on_pages(pages)
-        except Exception as exc:
+            self._record(keys, objs)
+        except Exception as exc:  # the hook's own failure must not become LMCache's
             runtime.failed("store", exc)
         return None
+
+    def _record(self, keys: Sequence[CacheEngineKey], objs: list[MemoryObj]) -> None:
+        # Looked up on every store: after uninstrument() the plugin records nothing.
+        state = runtime.current()
+        if state is None or not keys:
+            return
+        started = time.time_ns()
+        engine_request_id = runtime.REQUEST_ID.get()
+        link = LINKS.get(engine_request_id, Op.STORE)
+        rate, registry, stored = state.options.checksum_rate, state.registry, 0
+        in_sample = state.records(engine_request_id, link)
+        if not in_sample and registry is None and link is None:
+            return  # a request not recorded, whose pages no guard reads
+        emitter = state.emitter(self.config, self.metadata)
+        ranges = state.ranges_of(keys)
+        last = ranges[-1]
+        if self._geometry is None:
+            self._geometry = state.kv_config(self.config, self.metadata).geometry
+        # Read now, while LMCache holds the objects; the descriptors are made later (LazyPages).
+        recorded = []
+        for key, obj, facts, token_range in zip(keys, objs, objects_facts(objs), ranges, strict=False):
+            recorded.append((key, facts, token_range, payload_checksum(obj) if rate and sampled(key, rate) else None))
+            if token_range is not None:
+                stored += token_range[1] - token_range[0]
+        metadata, hash_algo, geometry = self.metadata, state.hash_algo, self._geometry
+        pages = LazyPages(
+            len(recorded),
+            lambda: [
+                store_page(key, facts, metadata, hash_algo, token_range, checksum, geometry)
+                for key, facts, token_range, checksum in recorded
+            ],
+            all_used=True,
+        )
+        if registry is not None:
+            # Consumers compare what they fetch with this at once: made here, not later.
+            for key, page in zip(keys, pages, strict=False):
+                registry.put(key, page)
+        if in_sample:
+            emitter.record(
+                Op.STORE,
+                Hook.LMCACHE_BACKEND,
+                LINKS.request_id(engine_request_id, link),
+                self._targets,
+                last[1] if last else None,
+                link.parent if link is not None else None,
+                started,
+                Outcome.HIT,
+                (None, stored or None, None, None, None),
+                pages.__iter__,  # a bound method: no function of its own to make
+            )
+        if link is not None:
+            link.on_pages(pages)
 
     # The rest of the backend interface: a plugin that holds nothing.
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:

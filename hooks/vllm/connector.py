@@ -467,9 +467,6 @@ class KVAuditConnector(KVConnectorBase_V1):
         if self._prevent_tag is not None:
             # Before LMCache reads the request's configuration (lookup, then its tracker).
             self._observed(tag_request, request, self._prevent_tag)
-        # A request that arrived with a W3C trace context: its lookup is a span of that trace,
-        # as its loads and saves are (their plans carry the context to the workers). Its
-        # headers are looked at here first, so that an untraced request makes no call.
         sampler = self._sampler
         if sampler is not None and not sampler(request.request_id):
             # A request not recorded (docs/design.md section 3.10): planned only where its pages
@@ -480,6 +477,9 @@ class KVAuditConnector(KVConnectorBase_V1):
                 self._requests[request.request_id] = request
                 self._local_tokens[request.request_id] = num_computed_tokens
             return answer
+        # A request that arrived with a W3C trace context: its lookup is a span of that trace,
+        # as its loads and saves are (their plans carry the context to the workers). Its
+        # headers are looked at here first, so that an untraced request makes no call.
         traced = request.trace_headers
         started = time.time_ns()
         try:
