@@ -2,19 +2,26 @@
 
 Each `bench_<name>.py` module has a `main() -> None` that measures its figures and
 their baselines side by side in the same run and prints them with their ratios.
+`--smoke` runs them at their smallest sizes (`bench.common.sized`), only to show that
+they still run: tests/test_bench_smoke.py.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 import time
 
 import bench
+from bench.common import SMOKE_ENV
 
 
-def main(names: list[str]) -> int:
+def main(args: list[str]) -> int:
+    names = [arg for arg in args if arg != "--smoke"]
+    if "--smoke" in args:
+        os.environ[SMOKE_ENV] = "1"
     modules = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
     chosen = [m for m in modules if not names or m.removeprefix("bench_") in names]
     for name in chosen:

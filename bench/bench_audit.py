@@ -38,7 +38,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
-from bench.common import KV, MODEL, PAGE_BYTES, PAGE_TOKENS
+from bench.common import KV, MODEL, PAGE_BYTES, PAGE_TOKENS, env_int
 from bench.common import page as common_page
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import setup_emitter
@@ -61,7 +61,9 @@ QUERIES: Final = (
 # key is drawn with popularity ~ u^3 over keys/4 distinct keys (hot prefixes, long tail)
 # and always covers the same tokens.
 _GENERATE_PAGES: Final = """
-INSERT INTO kv_pages
+INSERT INTO kv_pages (file, line, resource_id, replica, trace_id, span_id, op, hook, backend, request_id, outcome,
+                      time_ns, key, hash_algo, token_start, token_end, model, dtype, shape, layout, bytes,
+                      world_size, rank, layers, kv_heads, head_size, used, checksum, transfer, address, tier)
 WITH drawn AS (
     SELECT i, i // {ppr} AS request, (i // {ppr}) % {replicas} AS replica,
            CAST(floor(pow((hash(i) % 1000003) / 1000003.0, 3) * {keys}) AS BIGINT) AS key_id
@@ -101,8 +103,8 @@ GROUP BY trace_id, span_id
 
 
 def main() -> None:
-    pages = int(os.environ.get("KVAUDIT_BENCH_PAGES", 10_000_000))
-    json_pages = int(os.environ.get("KVAUDIT_BENCH_JSON_PAGES", 1_000_000))
+    pages = env_int("KVAUDIT_BENCH_PAGES", 10_000_000, 20_000)
+    json_pages = env_int("KVAUDIT_BENCH_JSON_PAGES", 1_000_000, 2_000)
     base = os.environ.get("KVAUDIT_BENCH_DIR")
     with contextlib.ExitStack() as stack:
         folder = Path(base) if base else Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -146,7 +148,9 @@ def generate_database(path: Path, pages: int) -> None:
     store.con.execute("SET memory_limit = '4GB'")  # a shared machine
     resource_ids = [1000 + n for n in range(REPLICAS)]
     store.con.execute(
-        "INSERT INTO kv_resources SELECT 1000 + r, 'r' || r, 'vllm', 1, 1, 'vllm', '0.32', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+        "INSERT INTO kv_resources (resource_id, replica, service, pid, schema, engine, engine_version, model, dtype,"
+        " layout, block_size, world_size, rank, hash_algo, layers, kv_heads, head_size)"
+        " SELECT 1000 + r, 'r' || r, 'vllm', 1, 1, 'vllm', '0.32', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
         f" FROM range({REPLICAS}) t(r)",
         [
             KV.model,

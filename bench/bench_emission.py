@@ -36,7 +36,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from bench.common import KV, PAGE_BYTES, Receiver, best_of, env_int, free_port, machine, page, report
+from bench.common import KV, PAGE_BYTES, Receiver, best_of, env_int, free_port, machine, page, report, sized
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
 from kvaudit.emit.emitter import Emitter, replica_resource, setup_emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
@@ -47,7 +47,7 @@ from kvaudit.otlp.encode_protobuf import spans_to_request
 from kvaudit.simulator.model import CostModel
 
 PAGES_PER_SPAN = 128
-REPEATS = 3
+REPEATS = sized(3, 1)
 
 
 class _Keep(SpanExporter):
@@ -164,7 +164,7 @@ def _export(spans: int) -> tuple[float, float]:
 
 COLD_PAGES = 32
 COLD_COPY_BYTES = 32 * 2**20  # beyond this machine's caches
-ENGINE_OBJECTS = 40  # the engine's Python after a copy (`_engine_python`): about 60 µs with the caches cold
+ENGINE_OBJECTS = 40  # what `_engine_python` makes, standing in for the engine's own Python after a copy
 
 
 @dataclass
@@ -288,7 +288,7 @@ def _gil_waits(seconds: float) -> dict[str, Waits]:
         receiver = Receiver(Path(tmp) / "received", free_port(), "--no-fsync")
         endpoint = f"http://127.0.0.1:{receiver.port}/v1/traces"
         try:
-            for _ in range(2):
+            for _ in range(sized(2, 1)):
                 runs["none"].append(_serving_waits(seconds, _Keep(), emit=False, give_way=True))
                 for give_way in (False, True):
                     on = "on" if give_way else "off"
@@ -304,7 +304,7 @@ def _gil_waits(seconds: float) -> dict[str, Waits]:
 
 def main() -> None:
     print(machine())
-    spans = env_int("KVAUDIT_BENCH_SPANS", 2000)
+    spans = env_int("KVAUDIT_BENCH_SPANS", 2000, 10)
     ours_pages, ours_bare = _kvaudit(spans, PAGES_PER_SPAN), _kvaudit(spans, 0)
     sdk_pages, sdk_bare = _sdk(spans, PAGES_PER_SPAN), _sdk(spans, 0)
     per_page_us = 1e6 * (ours_pages - ours_bare) / (spans * PAGES_PER_SPAN)
@@ -314,7 +314,7 @@ def main() -> None:
     alone, end_to_end = _export(max(spans // 4, 10))
     hot_us, cold_us, adds_us = _cold(max(spans // 10, 10))
     ours_otlp_us, official_otlp_us = _otlp_encoding(max(spans // 4, 32))
-    waits = _gil_waits(env_int("KVAUDIT_BENCH_WAIT_SECONDS", 10))
+    waits = _gil_waits(env_int("KVAUDIT_BENCH_WAIT_SECONDS", 10, 1))
     print(
         f"{spans} spans of {PAGES_PER_SPAN} page descriptors, best of {REPEATS}; 27B page: {PAGE_BYTES / 2**20:.0f} MiB"
     )

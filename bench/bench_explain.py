@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from bench.common import env_int
+from bench.common import env_int, sized
 from kvaudit.analyse.explain import explain
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends.duckdb_backend import DuckDBBackend
@@ -47,7 +47,7 @@ FLEET: Final = SimConfig(
     rate=0.5,
     faults=Faults(raw_ptr=0.01, guard=True, store_delay_s=5),
 )
-REPEAT: Final = 3  # each query's fastest of three runs is its figure
+REPEAT: Final = sized(3, 1)  # each query's fastest of three runs is its figure
 # Columns whose values tell the copies apart: keys, requests and traces of their own, later in time.
 _COPY_PAGES: Final = """
 INSERT INTO kv_pages SELECT * REPLACE (
@@ -64,8 +64,8 @@ FROM base_spans
 
 
 def main() -> None:
-    pages = env_int("KVAUDIT_BENCH_EXPLAIN_PAGES", 10_000_000)
-    seconds = env_int("KVAUDIT_BENCH_EXPLAIN_SECONDS", 600)
+    pages = env_int("KVAUDIT_BENCH_EXPLAIN_PAGES", 10_000_000, 10_000)
+    seconds = env_int("KVAUDIT_BENCH_EXPLAIN_SECONDS", 600, 30)
     with contextlib.ExitStack() as stack:
         base = env_dir() or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         database = base / f"explain-{pages}-{seconds}.duckdb"

@@ -31,6 +31,7 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 import torch
 from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
 
+from bench.common import sized
 from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.hooks import lmcache as hook
 from kvaudit.hooks.lmcache import fetch, runtime
@@ -127,8 +128,8 @@ def _report(label: str, figures: dict[str, float], show: Callable[[str], None]) 
 def main(argv: list[str] | None = None) -> None:
     """`argv` only from the command line: `python -m bench` calls this with none."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pages", type=int, default=16, help="pages per request (default 16)")
-    parser.add_argument("--reps", type=int, default=15, help="measured rounds per configuration (default 15)")
+    parser.add_argument("--pages", type=int, default=sized(16, 2), help="pages per request (default 16)")
+    parser.add_argument("--reps", type=int, default=sized(15, 1), help="measured rounds per configuration (default 15)")
     args = parser.parse_args(argv or [])
     with tempfile.TemporaryDirectory() as tmp:
         emitter = setup_emitter("bench", f"file:{tmp}/bench.jsonl", engine="lmcache")

@@ -12,9 +12,9 @@ Size: KVAUDIT_BENCH_SIM_S simulated seconds (default 600; the upgrade at half of
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Final
 
+from bench.common import env_int
 from kvaudit.simulator.engine import EPOCH_NS, NS, SimConfig, simulate
 from kvaudit.simulator.faults import Faults
 from kvaudit.simulator.stats import summarise
@@ -23,7 +23,7 @@ GIB: Final = 1 << 30
 
 
 def main() -> None:
-    duration = float(os.environ.get("KVAUDIT_BENCH_SIM_S", "600"))
+    duration = float(env_int("KVAUDIT_BENCH_SIM_S", 600, 60))
     upgrade_at = duration / 2
     base = SimConfig(duration_s=duration, seed=0)
     ways = {

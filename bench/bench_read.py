@@ -175,9 +175,9 @@ READERS: dict[str, Callable[[Path], int]] = {
 
 def main() -> None:
     print(machine())
-    descriptors = env_int("KVAUDIT_BENCH_READ_PAGES", 100_000)
-    scanned = env_int("KVAUDIT_BENCH_SCAN_PAGES", 10_000_000)
-    repeat = env_int("KVAUDIT_BENCH_READ_REPEAT", 3)
+    descriptors = env_int("KVAUDIT_BENCH_READ_PAGES", 100_000, 2_000)
+    scanned = env_int("KVAUDIT_BENCH_SCAN_PAGES", 10_000_000, 10_000)
+    repeat = env_int("KVAUDIT_BENCH_READ_REPEAT", 3, 1)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "pages.jsonl"
         _write(path, descriptors)

@@ -97,9 +97,9 @@ def _small_files(tmp: Path, descriptors: int, per_file: int) -> tuple[Path, Path
 
 def main() -> None:
     print(machine())
-    descriptors = env_int("KVAUDIT_BENCH_FORMATS_PAGES", 100_000)
-    repeat = env_int("KVAUDIT_BENCH_READ_REPEAT", 3)
-    per_file = env_int("KVAUDIT_BENCH_SMALL_FILE_LINES", 4)
+    descriptors = env_int("KVAUDIT_BENCH_FORMATS_PAGES", 100_000, 2_000)
+    repeat = env_int("KVAUDIT_BENCH_READ_REPEAT", 3, 1)
+    per_file = env_int("KVAUDIT_BENCH_SMALL_FILE_LINES", 4, 4)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         started = time.perf_counter()

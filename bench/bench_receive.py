@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bench.common import KV, Receiver, env_int, free_port, machine, page, report
+from bench.common import KV, Receiver, env_int, free_port, machine, page, report, sized
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.line_file import LineFile
@@ -186,13 +186,13 @@ def _gzip_peak(tmp: Path, body_mib: int, rounds: int, memory_limit_mib: int) -> 
 
 def main() -> None:
     print(machine())
-    seconds = float(env_int("KVAUDIT_BENCH_RECEIVE_SECONDS", 10))
-    body_mib = env_int("KVAUDIT_BENCH_GZIP_MIB", 31)
-    rounds = env_int("KVAUDIT_BENCH_GZIP_ROUNDS", 2)
+    seconds = float(env_int("KVAUDIT_BENCH_RECEIVE_SECONDS", 10, 1))
+    body_mib = env_int("KVAUDIT_BENCH_GZIP_MIB", 31, 1)
+    rounds = env_int("KVAUDIT_BENCH_GZIP_ROUNDS", 2, 1)
     budget_mib = ReceiverLimits().memory_limit >> 20
     with tempfile.TemporaryDirectory() as tmp:
         pre, official, direct = _throughput(Path(tmp), seconds)
-        per_byte_pb, per_byte_json = _decode_bytes_per_body_byte(Path(tmp), 16)
+        per_byte_pb, per_byte_json = _decode_bytes_per_body_byte(Path(tmp), sized(16, 1))
         peak, idle, refused = _gzip_peak(Path(tmp), body_mib, rounds, budget_mib)
         unbounded, _, _ = _gzip_peak(Path(tmp), body_mib, rounds, 0)
     print(

@@ -29,7 +29,7 @@ from typing import Any, Final
 import sqlglot
 
 from bench import scale_codecs
-from bench.common import machine
+from bench.common import env_int, machine, sized
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend
@@ -54,7 +54,7 @@ MEMORY: Final = os.environ.get("KVAUDIT_BENCH_MEMORY", "4GB")  # DuckDB's limit:
 WHOLE_AUDIT_UP_TO: Final = 10_000_000  # beyond, only the audit by day (the whole one outgrows the machine)
 # Fetched pages per partition of the audit by day: small enough that the sizes this machine
 # can hold split into several, so that its peak memory shows whether it follows a partition.
-PARTITION_ROWS: Final = int(os.environ.get("KVAUDIT_BENCH_PARTITION_ROWS", "500000"))
+PARTITION_ROWS: Final = env_int("KVAUDIT_BENCH_PARTITION_ROWS", 500_000, 5_000)
 AUDITS: Final = os.environ.get("KVAUDIT_BENCH_SCALE_AUDITS", "1") != "0"
 QUERIES: Final = {
     "scan": "SELECT count(*) AS pages, sum(bytes) AS bytes, count(DISTINCT key) AS keys FROM pages",
@@ -80,7 +80,7 @@ PARTS: Final = _summary_parts()
 
 
 def main() -> None:
-    sizes = [int(n) for n in os.environ.get("KVAUDIT_BENCH_SCALE_PAGES", "10000000").split(",")]
+    sizes = [int(n) for n in os.environ.get("KVAUDIT_BENCH_SCALE_PAGES", str(sized(10_000_000, 12_800))).split(",")]
     root = os.environ.get("KVAUDIT_BENCH_DIR")
     work = Path(root) if root else Path(tempfile.mkdtemp(prefix="kvaudit-scale-"))
     print(machine())
@@ -142,7 +142,7 @@ def _bench(pages: int, work: Path, *, codecs: bool) -> None:
 def _audit(database: Path, dataset: Path, chdb: Path, pages: int) -> None:
     """The audit by day and whole on each backend, with its time and peak memory."""
     # Each audit in a process of its own (chdb's database directory admits one process at a time).
-    modes = ["by-day", "whole"] if pages <= WHOLE_AUDIT_UP_TO else ["by-day"]
+    modes = ["by-day", "whole"] if pages <= sized(WHOLE_AUDIT_UP_TO, 0) else ["by-day"]
     print(f"  {'audit':<18}{'seconds':>10}{'CPU s':>10}{'peak GiB':>10}{'findings':>10}{'partitions':>12}")
     for kind, path in (("duckdb", database), ("parquet", dataset), ("chdb", chdb)):
         for mode in modes:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from bench.common import sized
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Emitter, setup_emitter
@@ -26,12 +27,12 @@ from kvaudit.tui.findings import auditor as make_auditor
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import WINDOWS
 
-PAGES: Final = 1_000_000
+PAGES: Final = sized(1_000_000, 10_000)
 PAGES_PER_SPAN: Final = 32
 REPLICAS: Final = 4
 HOUR_NS: Final = 3600 * 10**9
 GOAL_MS: Final = 250.0
-RUNS: Final = 11
+RUNS: Final = sized(11, 2)
 
 # Half the pages are stores, half fetches of keys stored by the next replica a little earlier.
 _GENERATE: Final = (

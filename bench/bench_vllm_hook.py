@@ -26,11 +26,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from bench.common import sized
+
 # CPU time of the serving thread: the machine is shared, and wall time would count
 # the time other processes held the cores.
 CLOCK = time.thread_time
-REQUESTS = 200
-ROUNDS = 2
+REQUESTS = sized(200, 4)
+ROUNDS = sized(2, 1)
 PROMPTS = (208, 976)  # 6 and 30 pages of 32 tokens (ExampleConnector leaves the last token)
 BLOCK = 32
 MODEL_CONFIG = (

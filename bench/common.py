@@ -21,9 +21,23 @@ KV: KVConfig = MODEL.kv_config(LAYOUT_SPLIT, PAGE_TOKENS)
 PAGE_BYTES = MODEL.page_bytes(PAGE_TOKENS)
 
 
-def env_int(name: str, default: int) -> int:
-    """A size from the environment (`KVAUDIT_BENCH_*`), for quick runs."""
-    return int(os.environ.get(name, default))
+# Set by `python -m bench --smoke` (and so inherited by the benchmarks' child processes):
+# every benchmark at its smallest sizes, to show it still runs; its figures mean nothing.
+SMOKE_ENV = "KVAUDIT_BENCH_SMOKE"
+
+
+def smoke() -> bool:
+    return os.environ.get(SMOKE_ENV) == "1"
+
+
+def sized(default: int, smoke_size: int) -> int:
+    """`default`, or `smoke_size` in a smoke run."""
+    return smoke_size if smoke() else default
+
+
+def env_int(name: str, default: int, smoke_size: int) -> int:
+    """A size from the environment (`KVAUDIT_BENCH_*`), for quick runs; else `sized(default, smoke_size)`."""
+    return int(os.environ.get(name, sized(default, smoke_size)))
 
 
 def page(index: int, *, used: bool | None = True) -> PageDescriptor:
