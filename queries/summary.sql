@@ -20,7 +20,7 @@ fetched AS (
            count(*) FILTER (WHERE f.stored_ns <= p.time_ns AND f.producer <> p.replica) AS cross_replica_fetches
     FROM pages p
     -- On the key alone (one first store per key), the time compared after: an equi-join,
-    -- which ClickHouse runs as a plain hash join (a join on a range too costs it 1.4x).
+    -- which ClickHouse runs as a plain hash join (a join on a range too is slower there).
     LEFT JOIN first_store f ON f.key_id = key_id(p.key)
     WHERE p.op = 'fetch'
     GROUP BY p.replica

@@ -15,7 +15,7 @@
 --          text of read_errors is shorter.
 -- This file is DuckDB's own SQL (read_text, JSON functions, lambdas): it stands in for the
 -- reader, which has no portable form. The named queries themselves keep to portable SQL.
--- It reads every line with JSON functions, about 100x slower than `kvaudit ingest`: fine
+-- It reads every line with JSON functions, far slower than `kvaudit ingest`: fine
 -- for a few files, use `kvaudit ingest` for large ones.
 
 -- kvaudit SQL's key_id(key), which the named queries group and join keys by: the key itself.

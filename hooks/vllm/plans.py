@@ -71,7 +71,7 @@ class KVAuditMetadata(KVConnectorMetadata):
 def ids_suffixed() -> bool:
     """Whether vLLM puts its random suffix on request ids: its own reading of its switch
     ("0" is off), once a process (a module attribute vLLM resolves through its module's
-    `__getattr__` costs about 10 µs with the caches cold, at every request)."""
+    `__getattr__`, a Python call with the caches cold, would cost that at every request)."""
     return not envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION
 
 

@@ -35,8 +35,8 @@ from kvaudit.contract import Op
 from kvaudit.durations import DAY_NS
 
 LOOKBACK_S: Final = 86_400.0
-# Fetched pages per partition: 2.4-2.7 GiB at the peak, measured on DuckDB and Parquet at 10M and
-# 100M descriptors, between chdb's 1 GiB at half a million and 4.6 GiB at five million (docs/scale.md).
+# Fetched pages per partition: the audit's peak memory grows with the rows of a partition, not
+# with the whole traces, and this many keeps it within a few GiB on every backend (docs/scale.md).
 ROWS_PER_PARTITION: Final = 2_000_000
 TRACES: Final = "traces"  # the partition name of the rules over the traces as a whole
 _EPOCH: Final = dt.date(1970, 1, 1)

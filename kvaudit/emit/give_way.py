@@ -13,7 +13,7 @@ since it last did (the sleep releases the GIL, and a waiting thread takes it), s
 waiting thread gets the GIL back within about `slice_s` plus the exporter's longest
 single step (one span's build or encoding; `SpanBatcher` bounds a batch, and so its
 framing, by its page events). bench/bench_emission.py measures the serving thread's
-waits with and without (bench/README.md). The thread loses about `pause_s` of wall time
+waits with and without. The thread loses about `pause_s` of wall time
 each `slice_s`; what it exports in a second is far more than replicas emit
 (docs/design.md section 5).
 """

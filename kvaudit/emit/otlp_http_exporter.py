@@ -18,9 +18,9 @@ class OTLPHttpExporter(OTLPSpanExporter):
     """`OTLPSpanExporter` (its configuration from `OTEL_EXPORTER_OTLP_*`, session, compression,
     timeout and retries), with the request encoded by `spans_to_request`.
 
-    The official `export` encodes a batch with `opentelemetry-proto`'s classes in one call,
-    about 50 µs a page descriptor with the GIL held: a serving thread back from the GPU waits
-    for it (docs/design.md section 2). Here the same bytes are made span by span, the
+    The official `export` encodes a batch with `opentelemetry-proto`'s classes, an object per
+    span, event and attribute, in one call with the GIL held: a serving thread back from the
+    GPU waits for it (docs/design.md section 2). Here the same bytes are made span by span, the
     exporter thread giving way between spans (`give_way`), and handed to the official
     sending: `export` gives the official method no spans to encode, and its one POST,
     `_export` (the first argument the request's bytes, in every release from 1.27 to 1.40),

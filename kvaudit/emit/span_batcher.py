@@ -51,8 +51,8 @@ class SpanBatcher:
             that would pass it; a span with more goes alone). An exporter ends a batch
             with one call that cannot give way (a file line's framing; joining an OTLP
             request; with the official OTLP exporter, its whole encoding and protobuf's
-            `SerializeToString`, 1.6 ms for 1024 events, 35 ms for 16384: bench/README.md),
-            so the default keeps it under the switch interval; one OTLP request stays far
+            `SerializeToString`, whose time grows with the events), so the default keeps it
+            under the switch interval; one OTLP request stays far
             within a receiver's body limit too (the Collector's default is 20 MiB; a
             descriptor is about 700 bytes).
         delay_s: longest time a span waits before its batch is exported.

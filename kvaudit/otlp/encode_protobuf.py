@@ -2,8 +2,8 @@
 
 Written field by field (protobuf's encoding: a tag, then a varint, a fixed-width number or
 a length and bytes) rather than through `opentelemetry-proto`'s classes, which the official
-encoder builds one per span, event and attribute: about 50 µs a page descriptor in one call
-that holds the GIL throughout. Here an attribute's bytes are made once for the values that
+encoder builds one per span, event and attribute, in Python, all in one call that holds
+the GIL throughout. Here an attribute's bytes are made once for the values that
 repeat (`EncodedOnce`), and spans one at a time, with a call after each (the exporter thread
 gives way there, `kvaudit.emit.give_way`). Tests hold the bytes equal to the official
 encoder's serialization of the same spans.

@@ -1,7 +1,7 @@
 """Buffers reused from one read to the next.
 
 A fresh buffer of the reader's size (16 MiB) costs a page fault per page on first
-touch, which on the machines we measured took as long as reading the file into it.
+touch, which can cost as much as reading the file into it.
 Reads of consecutive byte ranges reuse a few buffers instead: the reader's byte
 buffers, and the page scanner's arrays (see `page_scan`).
 """

@@ -50,8 +50,8 @@ _SCAN_KIND: Final = {
 # most 2 * CHUNK_BYTES per CPU.
 _BUFFER_BYTES: Final = 2 * CHUNK_BYTES  # larger buffers, for a range with a huge line, are not kept
 _BUFFERS: Final = BufferPool(keep=os.cpu_count() or 1, max_bytes=_BUFFER_BYTES)
-# The page scanner's machine code takes ~0.5 s to load from numba's disk cache; msgspec's
-# full decode reads this much faster than that.
+# Loading the page scanner's machine code from numba's disk cache takes a noticeable pause
+# once a process; below this size msgspec's full decode has finished a read before it.
 SCAN_MIN_BYTES: Final = 4 * 1024 * 1024
 
 
