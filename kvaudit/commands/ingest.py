@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.errors import user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output is not None and not args.output.endswith(".duckdb"):
         raise UsageError(f"{args.output}: the output name must end in .duckdb")
-    if args.output is not None:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    # Each file is read from where an earlier ingest into the same place stopped.
-    store = TraceStore(args.paths, args.output)
-    if args.parquet is not None:
-        store.cursors = parquet.read_positions(args.parquet)
+    with user_files():
+        if args.output is not None:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        # Each file is read from where an earlier ingest into the same place stopped.
+        store = TraceStore(args.paths, args.output)
+        if args.parquet is not None:
+            store.cursors = parquet.read_positions(args.parquet)
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())
