@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.errors import user_files
+from kvaudit.errors import InputError, user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import duckdb
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from kvaudit.present.rows import warn_read_errors
@@ -53,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
         if args.output is not None:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         # Each file is read from where an earlier ingest into the same place stopped.
-        store = TraceStore(args.paths, args.output)
+        try:
+            store = TraceStore(args.paths, args.output)
+        except duckdb.Error as exc:  # a database another process holds, or not DuckDB's
+            raise InputError(f"{args.output}: {str(exc).splitlines()[0]}") from None
         if args.parquet is not None:
             store.cursors = parquet.read_positions(args.parquet)
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
