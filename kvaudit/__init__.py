@@ -6,8 +6,4 @@ The package follows the data's path (docs/architecture.md): `emit` (serving side
 and `commands` beside them; `kvaudit.hooks` and `kvaudit.tui` from their own folders.
 """
 
-from kvaudit import moved
-
 __version__ = "0.1.0"
-
-moved.install()

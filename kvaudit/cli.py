@@ -4,11 +4,13 @@ Each command module exposes `register(subparsers)`, which adds its parser and se
 `run` (a callable taking the parsed arguments and returning an exit status). A command
 module imports what its command runs inside `run`: parsing (`kvaudit --help`) loads no
 query engine, and works on the serving-side install (tests/test_install.py holds both). What the
-statuses mean is `kvaudit.commands.exit_status` (docs/operations.md, "Exit codes"):
-bad input (or a library that a command needs and the install lacks, with the extra
-that brings it) is one line and 2, a bug one line and 3 (its traceback with `--debug` or
-KVAUDIT_DEBUG=1), Ctrl-C 130, and a reader of stdout that went away (`| head`) ends
-the command quietly with 141, as the shell reports a command killed by SIGPIPE.
+statuses mean is `kvaudit.commands.exit_status` (docs/operations.md, "Exit codes"),
+told apart by the exception's type (`kvaudit.errors`): bad input (`InputError`, or a
+library that a command needs and the install lacks, with the extra that brings it) is
+one line and 2; anything else, kvaudit's `InternalError` as any exception outside the
+family, is a bug: one line and 3 (its traceback with `--debug` or KVAUDIT_DEBUG=1);
+Ctrl-C 130, and a reader of stdout that went away (`| head`) ends the command quietly
+with 141, as the shell reports a command killed by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from kvaudit.commands.exit_status import ExitStatus
 from kvaudit.commands.extras import extra_providing
 from kvaudit.commands.version import VersionAction
+from kvaudit.errors import InputError
 from kvaudit.safe_text import visible
 
 DEBUG_VARIABLE = "KVAUDIT_DEBUG"
@@ -85,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return ExitStatus.BROKEN_PIPE
+    except InputError as exc:
+        print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return ExitStatus.BAD_INPUT
     except Exception as exc:
         extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
         if extra is not None:
@@ -92,9 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"kvaudit {args.command}: needs {exc.name}, which this install lacks: pip install 'kvaudit[{extra}]'",
                 file=sys.stderr,
             )
-            return ExitStatus.BAD_INPUT
-        if _is_bad_input(exc):
-            print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
             return ExitStatus.BAD_INPUT
         if args.debug or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
             traceback.print_exc()
@@ -116,21 +119,8 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
-def _is_bad_input(exc: Exception) -> bool:
-    """Errors that say what was wrong with the input (a path, a query, a file), not with kvaudit."""
-    if isinstance(exc, (ValueError, OSError)):  # UsageError and BackendError are ValueErrors
-        return True
-    duckdb = sys.modules.get("duckdb")  # a query's error: only possible once DuckDB is loaded
-    if duckdb is None or not isinstance(exc, duckdb.Error):
-        return False
-    return not isinstance(exc, (duckdb.InternalException, duckdb.FatalException))  # DuckDB's own bugs
-
-
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, OSError) and exc.filename and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-    return visible(" ".join(text.split()))
+    return visible(" ".join((str(exc).strip() or type(exc).__name__).split()))
 
 
 if __name__ == "__main__":

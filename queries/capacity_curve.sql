@@ -6,7 +6,7 @@
 --           a pool of C bytes when the distinct pages touched since the previous access
 --           of the same key, itself included, hold at most C bytes. Stack distances need
 --           a sequential pass that SQL cannot express efficiently, so this query yields
---           the stream and kvaudit.capacity computes the curve (`kvaudit report`).
+--           the stream and kvaudit.analyse.capacity computes the curve (`kvaudit report`).
 --           SHARDS spatial sampling (Waldspurger et al., FAST '15) happens here: a key is
 --           kept when its hash falls under the sampling rate, so a kept key keeps all its
 --           accesses and distances scale by 1 / rate. The hash is MD5's upper half,

@@ -6,10 +6,10 @@
 --   .read queries/hit_rate.sql
 --
 -- Question: none; it defines the views every named query reads, with the same columns as
---           kvaudit.store (see its docstring), so a query runs the same here, from
+--           kvaudit.read.store (see its docstring), so a query runs the same here, from
 --           `kvaudit sql` and over a database written by `kvaudit ingest`.
 -- Parameters: kvaudit_traces (VARCHAR): a trace file or glob (directories: give 'dir/*.jsonl').
--- Columns: as kvaudit.store. Two differences: resource_id is a hash of the resource's
+-- Columns: as kvaudit.read.store. Two differences: resource_id is a hash of the resource's
 --          attributes as written (kvaudit's reader hashes them decoded and sorted, so the
 --          ids differ between the two while grouping the same processes), and the reason
 --          text of read_errors is shorter.

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvaudit.cli import main
+from kvaudit.commands.arguments import UsageError
+from kvaudit.errors import InputError, InternalError
 
 from . import alert_traces
 from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
@@ -58,6 +60,47 @@ def test_exit_codes_tell_findings_bad_input_and_bugs_apart(
     monkeypatch.setenv("KVAUDIT_DEBUG", "1")
     assert main(["audit", str(trace_dir)]) == 3
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "start"),
+    [
+        # A ValueError or OSError that no part of kvaudit made bad input is a bug, whatever it says.
+        (ValueError("invalid literal for int() with base 10: 'x'"), 3, "kvaudit audit: internal error: ValueError: "),
+        (FileNotFoundError(2, "No such file or directory", "/tmp/x"), 3, "kvaudit audit: internal error: "),
+        (InternalError("a store that\ntakes no rows"), 3, "kvaudit audit: internal error: InternalError: "),
+        (InputError("traces.jsonl: not what\nit should be"), 2, "kvaudit audit: error: traces.jsonl: not what it"),
+        (UsageError("--skew must be positive"), 2, "kvaudit audit: error: --skew must be positive"),
+    ],
+)
+def test_the_error_s_type_alone_tells_bad_input_from_a_bug(
+    trace_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Exception,
+    status: int,
+    start: str,
+):
+    alert_traces.clean(trace_dir)
+
+    def failing(*_: object, **__: object) -> None:
+        raise error
+
+    monkeypatch.setattr("kvaudit.analyse.audit.run_audit", failing)
+    assert main(["audit", str(trace_dir)]) == status
+    err = capsys.readouterr().err
+    assert err.startswith(start)
+    assert err.count("\n") == 1  # one line, no traceback
+    assert ("a bug in kvaudit; KVAUDIT_DEBUG=1 shows the traceback" in err) == (status == 3)
+
+
+def test_a_file_the_user_named_that_cannot_be_read_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    unreadable = tmp_path / "rules.yaml"
+    unreadable.mkdir()  # a directory where a file is expected: IsADirectoryError where it is opened
+    assert main(["alerts", "check", str(unreadable)]) == 2
+    assert capsys.readouterr().err == f"kvaudit alerts: error: {unreadable}: Is a directory\n"
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,12 @@
 
 The stages, their packages and their allowed imports are read from the tables of
 docs/architecture.md, so the document and the code cannot drift apart: a module of no
-stage, an import the table does not allow, or a heavy package on the serving side
-fails here. Imports are read from the source (every `import`, also inside functions),
-and the serving side is also imported for real in a fresh interpreter.
+stage, an entry of the table that names no module, an import the table does not allow,
+or a heavy package on the serving side fails here. An entry covers the module it names
+and, when that is a package, the modules beneath it; except the root package
+`kvaudit`, which covers only itself: a new top-level module needs an entry of its own.
+Imports are read from the source (every `import`, also inside functions), and the
+serving side is also imported for real in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -14,13 +17,20 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # The folders of the repository behind each import name (pyproject.toml's package-dir).
-FOLDERS = {"kvaudit": ROOT / "kvaudit", "kvaudit.hooks": ROOT / "hooks", "kvaudit.tui": ROOT / "tui"}
+FOLDERS = {
+    "kvaudit": ROOT / "kvaudit",
+    "kvaudit.hooks": ROOT / "hooks",
+    "kvaudit.tui": ROOT / "tui",
+    "kvaudit.queries": ROOT / "queries",
+}
+ROOT_PACKAGE = "kvaudit"
 SERVING_SIDE = ("shared", "emit", "hooks")
 # What the analysis side brings, which must never load inside a serving process.
 HEAVY = ("duckdb", "pyarrow", "numpy", "numba", "llvmlite", "rich", "textual", "plotly", "chdb", "sqlglot")
@@ -44,28 +54,40 @@ def stages() -> dict[str, tuple[list[str], set[str]]]:
     return {row[0]: (_names(row[1]), set(_names(row[3]))) for row in _table("Stages")}
 
 
+def covers(entry: str, name: str) -> bool:
+    """Whether the table's `entry` covers the module (or the name imported from it) `name`."""
+    return name == entry or (entry != ROOT_PACKAGE and name.startswith(entry + "."))
+
+
 def stage_of(module: str) -> str | None:
-    """The stage whose package is the longest prefix of `module`."""
+    """The stage of the longest entry that covers `module`."""
     best = max(
-        ((package, stage) for stage, (packages, _) in stages().items() for package in packages
-         if module == package or module.startswith(package + ".")),
+        ((entry, stage) for stage, (entries, _) in stages().items() for entry in entries if covers(entry, module)),
         key=lambda found: len(found[0]),
         default=(None, None),
-    )  # fmt: skip
+    )
     return best[1]
+
+
+def modules_in(folders: dict[str, Path]) -> dict[str, Path]:
+    """Every module under `folders` (import name -> folder), by its import name."""
+    found = {}
+    for package, folder in folders.items():
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            if package == ROOT_PACKAGE and parts[:1] in (["hooks"], ["tui"]):
+                continue
+            found[".".join([package, *parts])] = path
+    return found
 
 
 @cache
 def modules() -> dict[str, Path]:
-    found = {}
-    for package, folder in FOLDERS.items():
-        for path in folder.rglob("*.py"):
-            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
-            name = ".".join([package, *parts])
-            if package == "kvaudit" and parts[:1] in (["hooks"], ["tui"]):
-                continue
-            found[name] = path
-    return found
+    return modules_in(FOLDERS)
+
+
+def without_stage(names: Iterable[str]) -> list[str]:
+    return [name for name in names if stage_of(name) is None]
 
 
 def imports(path: Path) -> set[str]:
@@ -80,7 +102,21 @@ def imports(path: Path) -> set[str]:
 
 
 def test_every_module_belongs_to_a_stage():
-    assert [name for name in modules() if stage_of(name) is None] == []
+    assert without_stage(modules()) == []
+
+
+def test_every_entry_of_the_table_names_a_module():
+    entries = [entry for entries, _ in stages().values() for entry in entries]
+    assert [entry for entry in entries if entry not in modules()] == []
+
+
+def test_a_module_the_table_does_not_name_has_no_stage(tmp_path: Path):
+    package = tmp_path / "kvaudit"
+    for module in ("__init__.py", "foo.py", "contract.py", "emit/__init__.py", "emit/new_part.py"):
+        (package / module).parent.mkdir(parents=True, exist_ok=True)
+        (package / module).touch()
+    assert without_stage(modules_in({"kvaudit": package})) == ["kvaudit.foo"]
+    assert stage_of("kvaudit") == stage_of("kvaudit.safe_text") == stage_of("kvaudit.errors.InputError") == "shared"
 
 
 def test_stages_import_only_what_the_plan_allows():

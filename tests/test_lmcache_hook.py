@@ -4,7 +4,7 @@ sharing LMCache's own `lm://` server on 127.0.0.1 or an `fs://` directory.
 The replicas run `tests/lmcache_replica.py`; their engines copy KV with the CPU copy
 connector of `kvaudit.hooks.lmcache.testing`, which stands in for LMCache's CUDA copy
 kernel only. What the hooks recorded is read back through the `pages`, `spans` and
-`replicas` views of `kvaudit.store`.
+`replicas` views of `kvaudit.read.store`.
 """
 
 from __future__ import annotations

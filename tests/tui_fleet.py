@@ -1,6 +1,6 @@
 """A deterministic fleet for the TUI tests: real emitters, real files, a fixed clock and fixed ids.
 
-Every operation goes through `kvaudit.emission` and the OTLP JSON file exporter, as a
+Every operation goes through `kvaudit.emit` and the OTLP JSON file exporter, as a
 replica's would; only the emitter's clock and id generator are replaced, so that the
 same test writes the same bytes every time (snapshot tests compare screens).
 """

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from kvaudit.errors import BadValueError
+
 
 @dataclass(frozen=True)
 class Window:
@@ -32,9 +34,9 @@ def window_named(name: str) -> Window:
     """The window called `name` (`1m`, `5m`, `1h`, `all`).
 
     Raises:
-        ValueError: no such window.
+        BadValueError: no such window.
     """
     for window in WINDOWS:
         if window.name == name:
             return window
-    raise ValueError(f"unknown window {name!r} (expected one of {', '.join(w.name for w in WINDOWS)})")
+    raise BadValueError(f"unknown window {name!r} (expected one of {', '.join(w.name for w in WINDOWS)})")

@@ -75,7 +75,7 @@ def subscribe(
 
     Args:
         replica: the id the server's spans carry (the pool's name, e.g. `pool`).
-        export: `file:PATH` or `otlp:URL` (see `kvaudit.emission.exporter_for`).
+        export: `file:PATH` or `otlp:URL` (see `kvaudit.emit.emitter.exporter_for`).
         emitter: an emitter to use instead of making one from `replica` and `export`.
         bus: the event bus; LMCache's global one, enabled when the server runs with
             observability on.

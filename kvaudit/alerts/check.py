@@ -36,7 +36,7 @@ def check_files(paths: Iterable[str | Path], bounds: Bounds | None = None) -> li
         bounds: each rule's time limit (its alert limit does not apply over no traces).
 
     Raises:
-        OSError: a file cannot be read.
+        InputError: a file cannot be read.
     """
     groups, problems = read_rule_files(paths)
     with DuckDBBackend(TraceStore()) as backend:

@@ -6,7 +6,7 @@ whose condition stops is forgotten; a resolved one is kept for a while so that
 notifiers can announce it, and replaced when its condition returns.
 
 Rules are isolated from each other, as in Prometheus' rule manager: each runs in the
-backend's sandbox with a time limit and an alert limit (`evaluate.Bounds`), and one
+backend's sandbox with a time limit and an alert limit (`bounds.Bounds`), and one
 that fails is reported as rule health (`rule_health`: `health`, the `KVAuditRuleFailing`
 alert) while the others keep evaluating. The state file is best effort both ways: one
 that cannot be read is set aside (`state_file`), one that cannot be written is a warning

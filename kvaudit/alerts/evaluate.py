@@ -24,11 +24,12 @@ from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.labels import ALERTNAME, NAME
 from kvaudit.alerts.rules import Rule
 from kvaudit.backends import Backend
+from kvaudit.errors import InputError
 
 VALUE: Final = "value"
 
 
-class EvaluationError(Exception):
+class EvaluationError(InputError):
     """A rule whose result cannot become alerts (bad columns, repeated label sets)."""
 
 

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvaudit.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 
-class DeliveryError(Exception):
+class DeliveryError(InputError):
     """A notification that did not get through, after every retry."""
 
 

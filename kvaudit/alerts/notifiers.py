@@ -18,6 +18,7 @@ from kvaudit.alerts.instances import AlertInstance
 from kvaudit.alerts.labels import ALERTNAME
 from kvaudit.alerts.payloads import DEFAULT_GROUP_BY, GroupBy, api_alert, webhook_alert, webhook_payloads
 from kvaudit.alerts.templates import format_value
+from kvaudit.errors import BadValueError
 from kvaudit.safe_text import visible
 
 RECEIVER: Final = "kvaudit"
@@ -132,7 +133,7 @@ def parse_notifier(
     `external_url` and group alerts by `group_by`.
 
     Raises:
-        ValueError: an unknown kind.
+        BadValueError: an unknown kind.
     """
     kind, _, target = spec.partition(":")
     if spec == "stdout":
@@ -143,4 +144,4 @@ def parse_notifier(
         return WebhookNotifier(target, http, external_url, group_by)
     if kind == "alertmanager" and target:
         return AlertmanagerNotifier(target, http)
-    raise ValueError(f"bad notifier {spec!r}: expected stdout, file:PATH, webhook:URL or alertmanager:URL")
+    raise BadValueError(f"bad notifier {spec!r}: expected stdout, file:PATH, webhook:URL or alertmanager:URL")

@@ -32,6 +32,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from kvaudit.alerts.labels import ALERTNAME, NAME
 from kvaudit.alerts.templates import Template, parse_template
 from kvaudit.durations import parse_duration
+from kvaudit.errors import InputError, user_files
 
 # The group of kvaudit's own rule health alerts (`rule_health`): no rule file may use it.
 HEALTH_GROUP: Final = "kvaudit-rule-health"
@@ -52,7 +53,7 @@ class Problem:
         return f"{self.file}:{self.line}: {self.message}"
 
 
-class RuleFileError(ValueError):
+class RuleFileError(InputError):
     """Rule files that do not load; `problems` lists all that was found."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:
@@ -117,7 +118,7 @@ def load_rules(paths: Iterable[str | Path]) -> list[Group]:
 
     Raises:
         RuleFileError: any problem in any file.
-        OSError: a file cannot be read.
+        InputError: a file cannot be read.
     """
     groups, problems = read_rule_files(paths)
     if problems:
@@ -129,13 +130,15 @@ def read_rule_files(paths: Iterable[str | Path]) -> tuple[list[Group], list[Prob
     """Groups that loaded, and every problem found on the way (structure, names, durations, templates).
 
     Raises:
-        OSError: a file cannot be read.
+        InputError: a file cannot be read.
     """
     groups: list[Group] = []
     problems: list[Problem] = []
     for path in paths:
         reader = _Reader(str(path))
-        for group in reader.read(Path(path).read_text()):
+        with user_files():
+            text = Path(path).read_text()
+        for group in reader.read(text):
             # Alert state is kept by group name, so a name must mean one group across files.
             twin = next((g for g in groups if g.name == group.name), None)
             if twin is not None:

@@ -33,6 +33,7 @@ from kvaudit.analyse.audit import Finding, audit_statements, findings, page_rule
 from kvaudit.backends import Source, as_backend
 from kvaudit.contract import Op
 from kvaudit.durations import DAY_NS
+from kvaudit.errors import BadValueError
 
 LOOKBACK_S: Final = 86_400.0
 # Fetched pages per partition: the audit's peak memory grows with the rows of a partition, not
@@ -58,7 +59,7 @@ class Partition:
         """The partition `str()` names: `2026-12-01` or `2026-12-01:3/8`.
 
         Raises:
-            ValueError: not such a name.
+            BadValueError: not such a name.
         """
         day, _, bucket = text.partition(":")
         try:
@@ -67,9 +68,9 @@ class Partition:
             number, _, count = bucket.partition("/")
             partition = cls(dt.date.fromisoformat(day), int(number), int(count))
         except ValueError:
-            raise ValueError(f"{text!r}: not a partition (DAY or DAY:BUCKET/BUCKETS, e.g. 2026-12-01:3/8)") from None
+            raise BadValueError(f"{text!r}: not a partition (DAY or DAY:BUCKET/BUCKETS, e.g. 2026-12-01:3/8)") from None
         if not 0 <= partition.bucket < partition.buckets:
-            raise ValueError(f"{text!r}: bucket {partition.bucket} is not one of 0..{partition.buckets - 1}")
+            raise BadValueError(f"{text!r}: bucket {partition.bucket} is not one of 0..{partition.buckets - 1}")
         return partition
 
     @property

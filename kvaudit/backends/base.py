@@ -24,6 +24,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kvaudit.errors import InputError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -35,12 +37,12 @@ Rows = list[tuple[Any, ...]]
 RECENT = "ts > (SELECT max(end_time) FROM spans) - span"
 
 
-class BackendError(ValueError):
+class BackendError(InputError):
     """A backend could not run a query or could not be reached.
 
-    A ValueError, so that the CLI reports it as one line and exit status 2, like any
-    other unusable input. `detail` is the engine's whole message (its first line is the
-    error's text), where a caller wants more, such as the line a syntax error points at.
+    Bad input: the CLI reports it as one line and exit status 2. `detail` is the engine's
+    whole message (its first line is the error's text), where a caller wants more, such
+    as the line a syntax error points at.
     """
 
     def __init__(self, message: str, detail: str | None = None) -> None:

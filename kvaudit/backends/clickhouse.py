@@ -35,6 +35,7 @@ from kvaudit.backends.base import Backend, BackendError, Params, QueryTimeoutErr
 from kvaudit.backends.clickhouse_tables import existing_query, typed_tables_unusable, typed_view_statements
 from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
 from kvaudit.backends.translate import WRITE, Statement, to_clickhouse
+from kvaudit.errors import BadValueError, InputError
 
 logger = logging.getLogger(__name__)
 
@@ -287,17 +288,18 @@ def connect(url: str) -> ClickHouseBackend:
     `clickhouses://` uses TLS. The port is the HTTP interface's (8123, or 8443 with TLS).
 
     Raises:
-        ValueError: not a ClickHouse URL.
+        BadValueError: not a ClickHouse URL.
+        InputError: no chdb database directory at PATH.
         BackendError: the server cannot be reached or has no such table.
     """
     parts = urlparse(url)
     table = traces_table(url)
     if parts.scheme == CHDB_SCHEME and parts.path:
         if not os.path.isdir(parts.path):
-            raise FileNotFoundError(f"{parts.path}: no chdb database directory")
+            raise InputError(f"{parts.path}: no chdb database directory")
         return ClickHouseBackend(ChdbConnection(parts.path), table)
     if parts.scheme not in SCHEMES or not parts.hostname:
-        raise ValueError(f"{url}: expected clickhouse://HOST:PORT/DB or chdb:///PATH")
+        raise BadValueError(f"{url}: expected clickhouse://HOST:PORT/DB or chdb:///PATH")
     return ClickHouseBackend(ServerConnection(url), table)
 
 

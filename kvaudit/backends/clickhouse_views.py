@@ -4,7 +4,7 @@ The OpenTelemetry Collector's ClickHouse exporter keeps every attribute as text 
 `Map(LowCardinality(String), String)` columns (pdata's `AsString`: integers in decimal,
 booleans as `true`/`false`, arrays as JSON) and page descriptors as span events in
 the nested `Events` columns. These views cast them back to the columns and types of
-the DuckDB views (kvaudit.store), so the same queries run on both. The attribute keys
+the DuckDB views (kvaudit.read.store), so the same queries run on both. The attribute keys
 come from the reader's column maps, which take them from kvaudit.contract.
 
 What the exporter's table does not keep reads as NULL: `file` and `line` (no trace
@@ -82,7 +82,7 @@ def _attributes(column: str, columns: dict[str, tuple[str, str]]) -> dict[str, s
 
 
 def _resource_id(column: str) -> str:
-    # The same id the DuckDB reader derives (kvaudit.reader._resource_id): the first 8
+    # The same id the DuckDB reader derives (kvaudit.read.decode._resource_id): the first 8
     # bytes of the MD5 of the sorted `key=value` lines, as a little-endian Int64.
     lines = f"arraySort(arrayMap((k, v) -> concat(k, '=', v), mapKeys({column}), mapValues({column})))"
     return f"reinterpretAsInt64(substring(MD5(arrayStringConcat({lines}, '\\n')), 1, 8))"

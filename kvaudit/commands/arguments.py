@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvaudit.alerts.bounds import DEFAULT_TIMEOUT_S
 from kvaudit.durations import parse_duration
+from kvaudit.errors import BadValueError, user_files
 from kvaudit.present.formats import FORMATS, TABLE_ROWS
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 TRACE_PATHS_HELP = "trace files, directories, globs, one .duckdb from `kvaudit ingest`, or a Parquet directory"
 
 
-class UsageError(ValueError):
+class UsageError(BadValueError):
     """Bad input from the user: reported as one line, exit status 2."""
 
 
@@ -124,8 +125,8 @@ def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, w
 
     Raises:
         UsageError: both or neither of `url` and `paths`.
-        ValueError: a URL that is not ClickHouse's.
-        FileNotFoundError: a path matches nothing.
+        BadValueError: a URL that is not ClickHouse's.
+        InputError: a path matches nothing, or cannot be read.
         BackendError: the ClickHouse server cannot be reached.
     """
     if url is None:
@@ -136,11 +137,12 @@ def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, w
         from kvaudit.read.open import is_trace_files, open_store
         from kvaudit.read.store import TraceStore
 
-        if live and is_trace_files(paths):
-            return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
-        # A Parquet dataset is read in place by DuckDB: its root stays readable in the rules' sandbox.
-        dataset = [paths[0]] if len(paths) == 1 and parquet.is_dataset(paths[0]) else []
-        return DuckDBBackend(open_store(paths), readable=dataset)
+        with user_files():
+            if live and is_trace_files(paths):
+                return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
+            # A Parquet dataset is read in place by DuckDB: its root stays readable in the rules' sandbox.
+            dataset = [paths[0]] if len(paths) == 1 and parquet.is_dataset(paths[0]) else []
+            return DuckDBBackend(open_store(paths), readable=dataset)
     if paths:
         raise UsageError("give either trace paths or --backend URL, not both")
     from kvaudit.backends.clickhouse import connect  # its clients load only when asked for

@@ -17,6 +17,7 @@ from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, 
 from kvaudit.contract import KVConfig
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
+from kvaudit.errors import user_files
 from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits, parse_address, system_backlog
 from kvaudit.receive.sink_exporter import SinkExporter
 from kvaudit.receive.trace_sink import DEFAULT_MAX_OPEN_FILES, TraceSink
@@ -178,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
     )
     limits = receiver_limits(args)
     security = server_security(args)
-    sink = TraceSink(args.out, fsync=not args.no_fsync, max_open_files=args.max_open_files)
     host, port = parse_address(args.address)
-    server = CollectorServer((host, port), sink, limits=limits, security=security)
+    with user_files():
+        sink = TraceSink(args.out, fsync=not args.no_fsync, max_open_files=args.max_open_files)
+        server = CollectorServer((host, port), sink, limits=limits, security=security)
     print(f"kvaudit collect: listening on {server.url}/v1/traces, writing {sink.directory}/<replica>.jsonl", flush=True)
     warning = exposure_warning(host, security)
     if warning:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.errors import user_files
 
 if TYPE_CHECKING:
     from kvaudit.read.store import TraceStore
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         f"1. Simulating {DURATION_S:g} s of two replicas; r2 upgrades to the packed KV layout at {DURATION_S / 2:g} s"
     )
     started = time.perf_counter()
-    result = simulate(config, out)
+    with user_files():  # writing into --out
+        result = simulate(config, out)
     print_summary(result, time.perf_counter() - started)
     traces_dir = out / TRACES_DIR
     store = open_store([str(traces_dir)])

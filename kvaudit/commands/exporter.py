@@ -11,6 +11,7 @@ import threading
 
 from kvaudit.commands.arguments import TRACE_PATHS_HELP, add_input_arguments, command_parser, open_backend
 from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
+from kvaudit.errors import user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     security = server_security(args)
     backend = open_backend(args.backend, args.paths, live=True)  # queried at every scrape
     backend.refresh(final=False)  # what is there now, before the first scrape
-    _, port = serve(backend, args.host, args.port, skew_s=args.skew, security=security)
+    with user_files():  # the address and port asked for
+        _, port = serve(backend, args.host, args.port, skew_s=args.skew, security=security)
     print(f"kvaudit exporter: serving {security.scheme}://{args.host}:{port}/metrics", flush=True)
     warning = exposure_warning(args.host, security)
     if warning:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.errors import InputError, user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import duckdb
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from kvaudit.present.rows import warn_read_errors
@@ -48,12 +50,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output is not None and not args.output.endswith(".duckdb"):
         raise UsageError(f"{args.output}: the output name must end in .duckdb")
-    if args.output is not None:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    # Each file is read from where an earlier ingest into the same place stopped.
-    store = TraceStore(args.paths, args.output)
-    if args.parquet is not None:
-        store.cursors = parquet.read_positions(args.parquet)
+    with user_files():
+        if args.output is not None:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        # Each file is read from where an earlier ingest into the same place stopped.
+        try:
+            store = TraceStore(args.paths, args.output)
+        except duckdb.Error as exc:  # a database another process holds, or not DuckDB's
+            raise InputError(f"{args.output}: {str(exc).splitlines()[0]}") from None
+        if args.parquet is not None:
+            store.cursors = parquet.read_positions(args.parquet)
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())

@@ -7,6 +7,7 @@ import sys
 
 from kvaudit.commands.arguments import add_input_arguments, command_parser, duration, open_backend, require_spans
 from kvaudit.commands.audit import exit_status
+from kvaudit.errors import user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(report, sys.stdout)
     if args.html:
-        write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths) or args.backend}")
+        with user_files():
+            write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths) or args.backend}")
         print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
     return exit_status(report.findings)

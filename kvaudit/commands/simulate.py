@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from kvaudit.commands.arguments import UsageError, command_parser
+from kvaudit.errors import user_files
 from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, PAGE_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import parse_faults
 from kvaudit.simulator.hardware import GPUS, PRECISIONS, load_gpu
@@ -145,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     config = config_from(args)
     started = time.perf_counter()
-    result = simulate(config, out)
+    with user_files():  # writing into --out
+        result = simulate(config, out)
     if not args.quiet:
         print_summary(result, time.perf_counter() - started)
     print(

@@ -16,6 +16,7 @@ from kvaudit.commands.arguments import (
     row_limit,
     warn_backend_read_errors,
 )
+from kvaudit.errors import InputError, user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     paths = list(args.paths)
     if args.query:
-        query = load(args.query)  # FileNotFoundError names the query: exit 2
+        with user_files():  # a query of that name
+            query = load(args.query)
     elif args.file:
         query = _file_query(args.file)
     elif len(paths) >= (1 if args.backend else 2):
@@ -76,10 +78,11 @@ def _file_query(spec: str) -> str:
 
     path = Path(spec)
     if path.is_file():
-        return path.read_text()
+        with user_files():
+            return path.read_text()
     name = resolve(spec)
     if name is None:
-        raise FileNotFoundError(f"{spec}: no such file, nor a named query (kvaudit queries lists them)")
+        raise InputError(f"{spec}: no such file, nor a named query (kvaudit queries lists them)")
     return load(name)
 
 

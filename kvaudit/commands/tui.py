@@ -18,6 +18,7 @@ from kvaudit.commands.arguments import (
     open_backend,
     rule_timeout,
 )
+from kvaudit.errors import InputError, user_files
 from kvaudit.tui.window import DEFAULT_WINDOW, WINDOWS, window_named
 
 DEFAULT_COLLECT = "127.0.0.1:4318"
@@ -71,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give trace PATHs, --collect [ADDR] or --backend URL, one of the three")
     window = window_named(args.window)
     if args.rules and not Path(args.rules).is_file():
-        raise FileNotFoundError(f"{args.rules}: no such rule file")
+        raise InputError(f"{args.rules}: no such rule file")
     # The default pack without --rules.
     alerting = rule_alerting(args.rules, skew_s=args.skew, timeout_s=rule_timeout(args))
     with ExitStack() as stack:
         if args.collect:
-            server = CollectorServer(parse_address(args.collect), TraceSink(args.out)).start()
+            with user_files():
+                server = CollectorServer(parse_address(args.collect), TraceSink(args.out)).start()
             stack.callback(server.stop)
             paths, watching = [args.out], f"receiving on {server.url}/v1/traces → {args.out}"
         else:

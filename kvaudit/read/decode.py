@@ -18,6 +18,7 @@ from typing import Any, Final
 import msgspec
 
 from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, Kind
+from kvaudit.errors import InputError
 from kvaudit.otlp.schema import DECODER, AnyValue, KeyValue, Span, TracesData
 from kvaudit.read.columns import INTEGER_PATTERN, PAGE_HEAD, PAGES_SCHEMA, SPANS_SCHEMA
 
@@ -177,7 +178,7 @@ _RESOURCE_INTS: Final = [
 ]
 
 
-class UnreadableLineError(ValueError):
+class UnreadableLineError(InputError):
     """A line that is not OTLP JSON trace data kvaudit can read."""
 
 

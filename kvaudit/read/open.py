@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 
+from kvaudit.errors import BadValueError, InputError
 from kvaudit.read import parquet
 from kvaudit.read.store import TraceStore, create_views
 
@@ -22,13 +23,14 @@ def open_store(
 
     Raises:
         FileNotFoundError: a path matches nothing.
-        ValueError: a `.duckdb` file that is not a kvaudit database, or mixed with trace files.
+        BadValueError: a `.duckdb` file mixed with trace files.
+        InputError: a `.duckdb` file that is not a kvaudit database, a Parquet dataset that cannot be read.
     """
     if len(paths) == 1 and parquet.is_dataset(str(paths[0])):
         return open_parquet(str(paths[0]))
     if not is_trace_files(paths):
         if len(paths) != 1:
-            raise ValueError("give either one database written by `kvaudit ingest` or trace files, not both")
+            raise BadValueError("give either one database written by `kvaudit ingest` or trace files, not both")
         return open_ingested(str(paths[0]))
     store = TraceStore(paths, database)
     store.refresh(progress=progress)
@@ -47,7 +49,7 @@ def open_ingested(database: str) -> TraceStore:
 
     Raises:
         FileNotFoundError: no such database.
-        ValueError: the file is not a kvaudit database.
+        InputError: the file is not a kvaudit database.
     """
     if not Path(database).is_file():
         raise FileNotFoundError(f"{database}: no such file")
@@ -55,7 +57,7 @@ def open_ingested(database: str) -> TraceStore:
         store = TraceStore.over(duckdb.connect(database, read_only=True))
         store.query("SELECT count(*) FROM pages")
     except duckdb.Error as exc:
-        raise ValueError(f"{database}: not a kvaudit database ({str(exc).splitlines()[0]})") from None
+        raise InputError(f"{database}: not a kvaudit database ({str(exc).splitlines()[0]})") from None
     return store
 
 
@@ -64,12 +66,15 @@ def open_parquet(root: str) -> TraceStore:
 
     Raises:
         FileNotFoundError: a local root that is not such a dataset.
-        duckdb.Error: a remote root that cannot be read.
+        InputError: a remote root that cannot be read.
     """
     if "://" not in root and not parquet.is_dataset(root):
         raise FileNotFoundError(f"{root}: not a Parquet dataset written by `kvaudit ingest --parquet`")
     con = duckdb.connect()
-    for name, query in parquet.sources(root, con).items():
-        con.execute(f"CREATE VIEW {name} AS {query}")
+    try:
+        for name, query in parquet.sources(root, con).items():
+            con.execute(f"CREATE VIEW {name} AS {query}")
+    except duckdb.Error as exc:
+        raise InputError(f"{root}: {str(exc).splitlines()[0]}") from None
     create_views(con)
     return TraceStore.over(con)

@@ -42,7 +42,7 @@ from kvaudit.read.buffer_pool import BufferPool
 # Before any function below is decorated: numba picks a function's cache directory then.
 numba.config.CACHE_DIR = scanner_cache.numba_cache_dir()
 
-# Column kinds as the scanner numbers them (kvaudit.reader maps its own kinds onto these).
+# Column kinds as the scanner numbers them (kvaudit.read.reader maps its own kinds onto these).
 STR, INT, BOOL, INTS = 0, 1, 2, 3
 
 _FAIL: Final = -1  # a position that says: this line needs the general decoder

@@ -83,7 +83,7 @@ def read_range(path: str, start: int, end: int, final: bool, scan: bool = True) 
     too (and reported as truncated if it does not decode).
 
     With `scan`, msgspec decodes spans with their events left as raw JSON, the page
-    scanner (kvaudit.page_scan) reads page events into columns, and lines it gives up
+    scanner (kvaudit.read.page_scan) reads page events into columns, and lines it gives up
     on get msgspec's full decode; without it, every line gets the full decode.
 
     Returns:

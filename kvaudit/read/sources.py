@@ -18,6 +18,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO, Final
 
+from kvaudit.errors import InputError
+
 try:  # the standard library's from Python 3.14
     from compression import zstd  # type: ignore[import-not-found]
 except ImportError:
@@ -38,7 +40,7 @@ DOCUMENT_END: Final = re.compile(rb"\n\}[ \t\r]*(?=\n)")
 _READ_BYTES: Final = 1 << 20  # read, and decompressed, per call
 
 
-class CompressedDataError(ValueError):
+class CompressedDataError(InputError):
     """Compressed data that ends early or is corrupt."""
 
 

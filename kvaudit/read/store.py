@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol
 import duckdb
 import pyarrow as pa
 
+from kvaudit.errors import InternalError
 from kvaudit.read import positions
 from kvaudit.read.arrow_tables import ArrowTables
 from kvaudit.read.columns import DUCKDB_TYPE, TABLES, Tables
@@ -178,10 +179,10 @@ class TraceStore:
         """Add rows as a refresh reads them (tests and benchmarks add rows made otherwise).
 
         Raises:
-            ValueError: a store over an ingested database or Parquet keeps no rows of its own.
+            InternalError: a store over an ingested database or Parquet keeps no rows of its own.
         """
         if self._rows is None:
-            raise ValueError("this store reads an ingested database or Parquet: it takes no rows")
+            raise InternalError("this store reads an ingested database or Parquet: it takes no rows")
         self._rows.append(tables.by_name())
 
     def sql(self, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation | None:

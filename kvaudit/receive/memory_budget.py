@@ -13,13 +13,15 @@ from __future__ import annotations
 import threading
 from typing import Final
 
+from kvaudit.errors import InputError
+
 # Peak bytes of decoding one byte of a (decompressed) body: parsing it into protobuf
 # messages and encoding them as one OTLP JSON line. Measured by bench/bench_receive.py
 # (protobuf about 8, JSON about 10.5, for bodies of 27B page descriptors); above both.
 DECODE_BYTES_PER_BODY_BYTE: Final = 12
 
 
-class BudgetExceededError(Exception):
+class BudgetExceededError(InputError):
     """The reservation does not fit now; `whole` when it would never fit, however idle the receiver."""
 
     def __init__(self, wanted: int, limit: int, *, whole: bool) -> None:

@@ -43,6 +43,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from kvaudit.emit.line_file import NO_SPACE_ERRNOS
+from kvaudit.errors import BadValueError
 from kvaudit.receive.http_security import SecureServerMixin, ServerSecurity
 from kvaudit.receive.memory_budget import BudgetExceededError, MemoryBudget, Reservation
 from kvaudit.receive.request_body import JSON, PROTOBUF, BadRequestError, decode_body
@@ -407,9 +408,13 @@ def _send_without_waiting(connection: socket.socket, response: bytes) -> None:
 
 
 def parse_address(address: str, default_port: int = 4318) -> tuple[str, int]:
-    """`HOST:PORT`, `HOST` or `:PORT` as a bind address (default 127.0.0.1:4318)."""
+    """`HOST:PORT`, `HOST` or `:PORT` as a bind address (default 127.0.0.1:4318).
+
+    Raises:
+        BadValueError: a port that is not a number.
+    """
     host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
     try:
         return host or "127.0.0.1", int(port) if port else default_port
     except ValueError:
-        raise ValueError(f"bad address {address!r}: expected HOST:PORT") from None
+        raise BadValueError(f"bad address {address!r}: expected HOST:PORT") from None

@@ -15,6 +15,7 @@ from typing import Final
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from kvaudit.errors import InputError
 from kvaudit.otlp.encode import line_to_traces_data
 from kvaudit.receive.memory_budget import DECODE_BYTES_PER_BODY_BYTE, Reservation
 
@@ -23,7 +24,7 @@ JSON: Final = "application/json"
 _INFLATE_CHUNK: Final = 1 << 20
 
 
-class BadRequestError(Exception):
+class BadRequestError(InputError):
     """A request that is refused for what it is: retrying it unchanged cannot succeed."""
 
     def __init__(self, status: HTTPStatus, message: str) -> None:

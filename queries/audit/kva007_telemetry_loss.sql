@@ -9,7 +9,7 @@
 -- Why it matters: a page that was never described cannot be audited; a clean audit of
 --   incomplete traces must not read as a clean fleet.
 -- Reads: read_errors, spans.
--- Columns: the columns of kvaudit.audit.Finding; fields is a JSON object: the reason of
+-- Columns: the columns of kvaudit.analyse.audit.Finding; fields is a JSON object: the reason of
 --   an unreadable line, or the loss counts.
 SELECT 'KVA007' AS code,
        'telemetry-loss' AS rule,

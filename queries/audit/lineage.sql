@@ -1,7 +1,7 @@
 -- lineage: every fetched page beside its producer's stored descriptor and its consumer's configuration.
 --
 -- What it is: the shared base of the audit rules: queries/audit/kva*.sql read it as
---   `audit_fetches`, which the auditor (kvaudit.audit) defines as a CTE over this query,
+--   `audit_fetches`, which the auditor (kvaudit.analyse.audit) defines as a CTE over this query,
 --   in one statement with all the rules. It joins each fetched page to the
 --   *producer* store of its key (`audit_producers`, queries/audit/producers.sql: the
 --   earliest store of that key anywhere), when that store precedes the fetch (allowing

@@ -1,7 +1,7 @@
 -- producers: the producer store of every stored key: the earliest store of that key anywhere.
 --
 -- What it is: the stored side of the audit's lineage (queries/audit/lineage.sql reads it
---   as `audit_producers`). The auditor (kvaudit.audit) computes it once per audit, as a
+--   as `audit_producers`). The auditor (kvaudit.analyse.audit) computes it once per audit, as a
 --   materialised CTE, and every rule reads it through the lineage: one pass over the
 --   stores instead of one per rule. Ties in time go to the earlier file and line, so
 --   the producer does not depend on the engine's row order.

@@ -19,7 +19,7 @@ import json
 import sys
 import time
 
-EXPORT_WAIT_S = 2.0  # kvaudit.emission's export delay is 1 s
+EXPORT_WAIT_S = 2.0  # kvaudit.emit's export delay is 1 s
 
 
 def main(spec: dict) -> None:

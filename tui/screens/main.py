@@ -26,6 +26,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input
 
+from kvaudit.errors import InputError
 from kvaudit.safe_text import visible
 from kvaudit.tui.figures import Figures
 from kvaudit.tui.filtering import Filter
@@ -133,7 +134,7 @@ class MainScreen(Screen[None]):
         window = window_named(self.window)
         try:
             self.app.call_from_thread(self._show, self.source.poll(window) if read else self.source.figures(window))
-        except (duckdb.Error, OSError, ValueError) as exc:
+        except (duckdb.Error, OSError, ValueError, InputError) as exc:  # BackendError is an InputError
             self.app.call_from_thread(self._error, f"reading the traces failed: {exc}")
 
     # The audit and the alert rules may take seconds over large traces: a worker of their own.
@@ -143,7 +144,7 @@ class MainScreen(Screen[None]):
             self.app.call_from_thread(setattr, self, "auditing", True)
         try:
             analysed = self.source.analyse(window_named(self.window))
-        except (duckdb.Error, OSError, ValueError) as exc:
+        except (duckdb.Error, OSError, ValueError, InputError) as exc:  # BackendError is an InputError
             self.app.call_from_thread(self._error, f"auditing the traces failed: {exc}")
             return
         finally:
