@@ -119,9 +119,10 @@ class Driver:
         self.clocks = []
         self.stand_in_s = InnerClock.overhead_s()
         for connector in (self.scheduler, self.worker):
-            if hasattr(connector, "_inner"):
-                inner = connector._inner
-                clock = connector._inner = InnerClock(inner)
+            half = getattr(connector, "_half", None)  # the wrapper's half that calls the inner connector
+            if half is not None:
+                inner = half._inner
+                clock = half._inner = connector._inner = InnerClock(inner)
                 self.clocks.append(clock)
                 # Calls the wrapper binds straight to the inner connector's methods are
                 # the inner's time too: clocked like the rest.
@@ -159,9 +160,9 @@ class Driver:
 
     def flush(self) -> None:
         for connector in (self.scheduler, self.worker):
-            emitter = getattr(connector, "_emitter", None)
-            if emitter is not None:
-                emitter.flush()
+            half = getattr(connector, "_half", None)
+            if half is not None:
+                half._emitter.flush()
 
     def close(self) -> None:
         """Release the trace files: a process holds each file of a replica once."""

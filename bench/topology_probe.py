@@ -27,7 +27,7 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   minus the wrapped connector's call inside them, clocked where the wrapped connector's
   method begins and ends, so that none of this probe's own bookkeeping (a few µs a call
   with the caches cold) counts as the vLLM layer's. A call bound straight to the wrapped
-  connector (`_STRAIGHT` in `kvaudit.hooks.vllm.connector`, `has_connector_metadata` at
+  connector (`STRAIGHT_WORKER` in `kvaudit.hooks.vllm.worker`, `has_connector_metadata` at
   every layer among them) has no vLLM layer: nothing of it is counted. Each method's own
   time is kept too (`vllm_layer.<method>`). `handle_preemptions` (once a step) is vLLM's
   no-op in LMCache's connector, bound straight to it too.
@@ -35,7 +35,8 @@ shares the cores) and, for the engine's transfers, the wall clock too:
   runs its worker in a process of its own; on one GPU the worker shares the scheduler's
   thread): every one vLLM's scheduler makes per request or per step (`_SCHEDULER`),
   less the wrapped connector's call inside each, as for the worker; one bound straight to
-  the wrapped connector (`_STRAIGHT_SCHEDULER`) has no wrapper frame and counts nothing.
+  the wrapped connector (`STRAIGHT_SCHEDULER` in `kvaudit.hooks.vllm.scheduler`) has no
+  wrapper frame and counts nothing.
   That process writes
   its totals to `$KVAUDIT_PROBE_OUT.scheduler` at each `build_connector_meta` and
   `request_finished` and, from the warm-up's end on, every quarter second with its
@@ -98,7 +99,8 @@ from bench.bench_topology import WARMED_UP
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.hooks.lmcache import fetch
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin
-from kvaudit.hooks.vllm.connector import KVAuditConnector
+from kvaudit.hooks.vllm.scheduler import KVAuditScheduler
+from kvaudit.hooks.vllm.worker import KVAuditWorker
 
 if os.environ.get("KVAUDIT_PROBE_CUDA"):
     from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1 as Wrapped
@@ -246,9 +248,9 @@ def _less_inner(
     before: Callable[[str], None] | None = None,
     after: Callable[[str, float, Any, Any], None] | None = None,
 ) -> Callable[..., Any]:
-    """A `KVAuditConnector` method, adding its time less the wrapped connector's to SECONDS[key];
-    `before` (given the method's name) and `after` (given the name, its own time, the
-    connector and the method's answer) run outside the clock."""
+    """A method of a `KVAuditConnector` half (`KVAuditWorker`, `KVAuditScheduler`), adding its
+    time less the wrapped connector's to SECONDS[key]; `before` (given the method's name) and
+    `after` (given the name, its own time, the half and the method's answer) run outside the clock."""
     name = function.__name__
 
     @functools.wraps(function)
@@ -292,20 +294,19 @@ _COLLECT = (
 _STEP: dict[str, Any] = {"idle": False, "began": 0.0}
 
 
-def _worker_call(name: str, own: float, connector: Any, answer: Any) -> None:
+def _worker_call(name: str, own: float, worker: Any, answer: Any) -> None:
     SECONDS[f"vllm_layer.{name}"] += own
     CALLS[f"vllm_layer.{name}"] += 1
     if name == "bind_connector_metadata":
-        _STEP["idle"] = not connector._units
+        _STEP["idle"] = not worker._units
     if _STEP["idle"]:
         SECONDS["vllm_layer.idle"] += own
 
 
+# The worker's half's own methods (the others vLLM calls are the wrapped connector's).
 for _name in ("bind_connector_metadata", "start_load_kv", "save_kv_layer", "wait_for_save", *_COLLECT):
-    if hasattr(KVAuditConnector, _name):
-        setattr(
-            KVAuditConnector, _name, _less_inner("vllm_layer", getattr(KVAuditConnector, _name), after=_worker_call)
-        )
+    if _name in vars(KVAuditWorker):
+        setattr(KVAuditWorker, _name, _less_inner("vllm_layer", getattr(KVAuditWorker, _name), after=_worker_call))
 
 
 def _hook_seconds() -> float:
@@ -495,9 +496,9 @@ def _write_scheduler() -> None:
 
 
 for _name in _SCHEDULER:
-    if hasattr(KVAuditConnector, _name):
-        method = getattr(KVAuditConnector, _name)
-        setattr(KVAuditConnector, _name, _less_inner("vllm_scheduler", method, _scheduler_first_step, _scheduler_call))
+    if _name in vars(KVAuditScheduler):
+        method = getattr(KVAuditScheduler, _name)
+        setattr(KVAuditScheduler, _name, _less_inner("vllm_scheduler", method, _scheduler_first_step, _scheduler_call))
     if hasattr(Wrapped, _name):
         setattr(ProbedLMCacheConnector, _name, _marked(getattr(Wrapped, _name)))
 # Made once, not at each call.

@@ -50,8 +50,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvaudit.hooks.vllm import delegation as kvaudit_delegation
 from kvaudit.hooks.vllm import register
-from kvaudit.hooks.vllm.connector import _STRAIGHT_WITHOUT_UNITS, KVAuditConnector, KVAuditHMAConnector
+from kvaudit.hooks.vllm.connector import KVAuditConnector, KVAuditHMAConnector
 from kvaudit.hooks.vllm.plans import KVAuditMetadata, RequestPlan
+from kvaudit.hooks.vllm.worker import STRAIGHT_WHEN_IDLE
 from kvaudit.otlp.schema import HEAD_DECODER
 
 BLOCK = 32
@@ -486,13 +487,13 @@ def steps(base: VllmConfig, work: Path) -> dict[str, Any]:
     observed: dict[str, Any] = {}
     for step, plans in (("planned", [plan]), ("unplanned", []), ("failing", [plan])):
         if step == "failing":
-            wrapper._format.units = _failing_units
+            wrapper._half._format.units = _failing_units
         inner.calls.clear()
         metadata = Arg(f"{step} metadata")
         # A step with no plan gets the inner connector's metadata as it is (build_connector_meta).
         wrapper.bind_connector_metadata(KVAuditMetadata(metadata, plans) if plans else metadata)
         # The step's calls that reach the wrapped connector's method with no wrapper frame.
-        through = [name for name in _STRAIGHT_WITHOUT_UNITS if getattr(wrapper, name) == getattr(inner, name)]
+        through = [name for name in STRAIGHT_WHEN_IDLE if getattr(wrapper, name) == getattr(inner, name)]
         wrapper.start_load_kv(Arg(f"{step} forward context"))
         wrapper.wait_for_save()
         reported = wrapper.get_block_ids_with_load_errors()
@@ -529,7 +530,7 @@ def _failing_units(*_: Any) -> list[Any]:
 
 def _exported_spans(wrapper: Any) -> list[Any]:
     """Shut `wrapper` down and read back the spans its exporter wrote."""
-    export = wrapper._settings.export
+    export = wrapper._half._settings.export
     wrapper.shutdown()
     return [
         span
@@ -618,10 +619,10 @@ def example_format(base: VllmConfig, work: Path) -> list[dict[str, Any]]:
             {"kv_cache": torch.zeros(len(record.token_ids), 2, 64, dtype=torch.bfloat16)}, filename
         )
     plan = RequestPlan("example", "example", ["aa" * 32, "bb" * 32], [5, 6], load_tokens=2 * BLOCK)
-    (unit,) = wrapper._format.units(meta, [plan])
+    (unit,) = wrapper._half._format.units(meta, [plan])
     return [
         {"dtype": page.dtype, "shape": list(page.shape or ()), "layout": page.layout, "token_start": page.token_start}
-        for page in wrapper._format.describe_fetch(unit)
+        for page in wrapper._half._format.describe_fetch(unit)
     ]
 
 
