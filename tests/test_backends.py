@@ -37,7 +37,8 @@ from kvaudit.backends.translate import to_clickhouse
 from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.otlp.schema import AnyValue, ArrayValue
 from kvaudit.read.decode import attribute_text
 from kvaudit.read.open import open_store

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, Hook, Op, Res
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read import page_scan, reader
 from kvaudit.read.reader import read_range
 from kvaudit.read.store import TraceStore

@@ -52,7 +52,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Tier
-from kvaudit.emit.emitter import UNRECORDED, Emitter, Operation, setup_emitter
+from kvaudit.emit.emitter import UNRECORDED, Emitter, Operation
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.guard import violations
 from kvaudit.hooks.vllm import lmcache_layer
 from kvaudit.hooks.vllm.delegation import forward_interface, note_inner_class

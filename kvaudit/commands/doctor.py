@@ -32,7 +32,7 @@ from typing import Any, Final
 from kvaudit import __version__
 from kvaudit.commands.arguments import command_parser
 from kvaudit.contract import SCHEMA_VERSION
-from kvaudit.emit.emitter import ENV_EXPORT
+from kvaudit.emit.setup import ENV_EXPORT
 
 PLUGIN_GROUP: Final = "vllm.general_plugins"
 OTEL_PREFIX: Final = "OTEL_EXPORTER_OTLP_"
@@ -246,7 +246,7 @@ def export_report() -> dict[str, Any]:
 
 def _otlp_endpoint(spec: str | None) -> str:
     """The URL the OTLP exporter would post to, as the exporter itself resolves it."""
-    from kvaudit.emit.emitter import exporter_for
+    from kvaudit.emit.setup import exporter_for
 
     exporter = exporter_for(spec, "doctor")
     try:
