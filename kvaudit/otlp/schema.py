@@ -28,7 +28,7 @@ def int64(value: int) -> int:
 
 
 # What a span's `events` decode as: the events themselves, or (for the reader's first
-# pass, which leaves page events to kvaudit.page_scan) their raw JSON, skipped unparsed.
+# pass, which leaves page events to kvaudit.read.page_scan) their raw JSON, skipped unparsed.
 EventsT = TypeVar("EventsT")
 
 
