@@ -57,8 +57,8 @@ from kvaudit.emit.setup import setup_emitter
 from kvaudit.guard import violations
 from kvaudit.hooks.vllm import lmcache_layer
 from kvaudit.hooks.vllm.delegation import forward_interface, note_inner_class
-from kvaudit.hooks.vllm.formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
+from kvaudit.hooks.vllm.inner_formats import InnerFormat, Unit, format_for, page_skeletons
 from kvaudit.hooks.vllm.plans import (
     KVAuditMetadata,
     RequestPlan,
