@@ -41,7 +41,7 @@ import numpy as np
 from bench.common import KV, MODEL, PAGE_BYTES, PAGE_TOKENS, env_int
 from bench.common import page as common_page
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.open import open_ingested
 from kvaudit.read.store import TraceStore
 

@@ -38,10 +38,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from bench.common import KV, PAGE_BYTES, Receiver, best_of, env_int, free_port, machine, page, report, sized
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
-from kvaudit.emit.emitter import Emitter, replica_resource, setup_emitter
+from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 from kvaudit.emit.give_way import GiveWay
 from kvaudit.emit.otlp_http_exporter import OTLPHttpExporter
+from kvaudit.emit.setup import replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode_protobuf import spans_to_request
 from kvaudit.simulator.model import CostModel

@@ -32,7 +32,8 @@ import torch
 from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
 
 from bench.common import sized
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.hooks import lmcache as hook
 from kvaudit.hooks.lmcache import fetch, runtime
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin

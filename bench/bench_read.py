@@ -32,7 +32,7 @@ import duckdb
 from bench.common import KV, PAGE_BYTES, env_int, machine, page, report
 from kvaudit.analyse.named_queries import load
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.open import open_ingested
 from kvaudit.read.reader import page_scanner
 from kvaudit.read.store import TraceStore

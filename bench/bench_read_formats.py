@@ -27,7 +27,7 @@ from pathlib import Path
 from bench.bench_read import _store, _timed, _write
 from bench.common import KV, env_int, machine, page, report
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.reader import page_scanner
 from kvaudit.read.sources import zstd
 

@@ -35,8 +35,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench.common import KV, Receiver, env_int, free_port, machine, page, report, sized
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.line_file import LineFile
+from kvaudit.emit.setup import replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import proto_to_line
 from kvaudit.receive.memory_budget import DECODE_BYTES_PER_BODY_BYTE

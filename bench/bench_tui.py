@@ -20,7 +20,8 @@ from typing import Final
 from bench.common import sized
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
 from kvaudit.tui.figures import Analysis, compute_figures
 from kvaudit.tui.findings import auditor as make_auditor

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 from unittest import mock
 
 from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 
 from .conftest import KV
 from .fleet import page

@@ -25,7 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kvaudit.analyse.audit import run_audit
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import exporter_for, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 from kvaudit.receive.otlp_http import CollectorServer

@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import exporter_for, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 

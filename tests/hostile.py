@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 
 from .conftest import KV, full_page
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Final
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import exporter_for, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 
 from .conftest import KV

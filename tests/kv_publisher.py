@@ -13,7 +13,8 @@ from pathlib import Path
 
 import zmq
 
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
 from kvaudit.kv_events.wire import encode_seq
 from kvaudit.read.store import TraceStore

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 
 from .conftest import KV, full_page

@@ -31,13 +31,14 @@ from kvaudit.backends import Backend, BackendError
 from kvaudit.backends.clickhouse import ChdbConnection, ClickHouseBackend, connect
 from kvaudit.backends.clickhouse_load import create_table, load_files
 from kvaudit.backends.clickhouse_setup import setup
+from kvaudit.backends.clickhouse_translate import to_clickhouse
 from kvaudit.backends.clickhouse_views import view_columns
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.backends.translate import to_clickhouse
 from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.otlp.schema import AnyValue, ArrayValue
 from kvaudit.read.decode import attribute_text
 from kvaudit.read.open import open_store
@@ -240,7 +241,7 @@ def test_hit_tier_names_where_each_block_came_from(duck):
 
 
 # Constructs the named queries and audit rules rely on, each of which sqlglot alone
-# would translate wrongly or not at all (kvaudit.backends.translate).
+# would translate wrongly or not at all (kvaudit.backends.clickhouse_translate).
 REPRESENTATIVE = {
     "json_object": """
         SELECT key, json_object('page', json_object('bytes', bytes, 'shape', shape, 'used', used),

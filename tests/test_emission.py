@@ -21,8 +21,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from kvaudit.contract import Hook, Op, Outcome, PageAttr, PageDescriptor, SpanAttr, TelemetryAttr
 from kvaudit.emit import emitter as emitter_module
-from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource, setup_emitter
+from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.line_file import LineFile
+from kvaudit.emit.setup import exporter_for, replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 from kvaudit.read.store import TraceStore

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 
 from .test_emission import Capture

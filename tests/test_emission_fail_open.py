@@ -25,16 +25,15 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvaudit.analyse.audit import run_audit
 from kvaudit.contract import Hook, Op, Outcome, TelemetryAttr
-from kvaudit.emit.emitter import (
-    DEFAULT_SHUTDOWN_TIMEOUT_S,
+from kvaudit.emit.emitter import DEFAULT_SHUTDOWN_TIMEOUT_S, Emitter
+from kvaudit.emit.file_exporter import OTLPJsonFileExporter
+from kvaudit.emit.setup import (
     ENV_SHUTDOWN_TIMEOUT,
-    Emitter,
     exporter_for,
     replica_resource,
     setup_emitter,
     shutdown_timeout_from_env,
 )
-from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 

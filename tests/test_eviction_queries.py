@@ -8,7 +8,8 @@ import pytest
 
 from kvaudit.analyse.named_queries import load
 from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
 
 S = 1_000_000_000

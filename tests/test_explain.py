@@ -27,7 +27,7 @@ from kvaudit.backends.clickhouse_load import create_table, load_files
 from kvaudit.causes import HITS, Cause
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GIB, PAGE_TRUTH_FILE, SimConfig, SimResult, simulate
 from kvaudit.simulator.faults import Faults

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.causes import Cause
 from kvaudit.commands.metrics_server import serve
-from kvaudit.present.metrics import prometheus_name
+from kvaudit.present.exporter_metrics import prometheus_name
 from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GIB, SimConfig, simulate
 from kvaudit.simulator.stats import summarise_by

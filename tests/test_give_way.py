@@ -11,9 +11,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit import give_way
-from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 from kvaudit.emit.give_way import GiveWay
+from kvaudit.emit.setup import replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 

@@ -103,7 +103,7 @@ def test_the_plain_install_is_the_serving_side_and_what_it_writes_the_full_insta
     trace = tmp_path / "r1.jsonl"
     emit = (
         "from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor\n"
-        "from kvaudit.emit.emitter import setup_emitter\n"
+        "from kvaudit.emit.setup import setup_emitter\n"
         "kv = KVConfig(model='m', dtype='bfloat16', layout='NHD', block_size=16, layers=2, kv_heads=2, head_size=8)\n"
         f"emitter = setup_emitter('r1', 'file:{trace}', engine='vllm', kv=kv)\n"
         "with emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id='q1') as op:\n"

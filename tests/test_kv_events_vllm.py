@@ -25,7 +25,8 @@ import msgspec
 import pytest
 
 from kvaudit.analyse.named_queries import load
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source, SubscriberStats
 from kvaudit.kv_events.wire import decode_batch
 from kvaudit.read.store import TraceStore

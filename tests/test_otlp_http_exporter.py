@@ -24,8 +24,9 @@ from opentelemetry.trace.span import TraceState
 
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit import give_way
-from kvaudit.emit.emitter import ENV_EXPORT, Emitter, exporter_for, replica_resource
+from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.otlp_http_exporter import OTLPHttpExporter
+from kvaudit.emit.setup import ENV_EXPORT, exporter_for, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 from kvaudit.otlp.encode_protobuf import spans_to_request

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, Hook, Op, Res
-from kvaudit.emit.emitter import setup_emitter
-from kvaudit.read import page_scan, reader
+from kvaudit.emit.setup import setup_emitter
+from kvaudit.read import page_scan, reader, scan_json
 from kvaudit.read.reader import read_range
 from kvaudit.read.store import TraceStore
 
@@ -190,7 +190,7 @@ def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):
             op.add_page(full_page(f"{n:064x}", n, used=bool(n % 2)))
     emitter.shutdown()
     data = path.read_bytes()
-    buf = np.frombuffer(bytearray(data + bytes(page_scan.PAD)), dtype=np.uint8)  # writable, as the reader passes it
+    buf = np.frombuffer(bytearray(data + bytes(scan_json.PAD)), dtype=np.uint8)  # writable, as the reader passes it
     scanned = reader.page_scanner().scan(buf, [0], [len(data) - 1])
     assert scanned.spans.tolist() == [1] and scanned.strict.all() and len(scanned.line) == 4
     assert scanned.columns[list(PAGE_COLUMNS).index("shape")].to_pylist()[0] == [2, 2, 32, 64]
@@ -246,7 +246,7 @@ def test_a_scan_leaves_what_an_earlier_scan_returned_alone(trace_dir: Path):
                 op.add_page(full_page(f"{replica}{n:062x}", 10 * n + len(replica), used=bool(n % 2)))
         emitter.shutdown()
         data = path.read_bytes()
-        scanned = scanner.scan(np.frombuffer(bytearray(data + bytes(page_scan.PAD)), np.uint8), [0], [len(data) - 1])
+        scanned = scanner.scan(np.frombuffer(bytearray(data + bytes(scan_json.PAD)), np.uint8), [0], [len(data) - 1])
         scans.append(scanned)
         expected.append(_scanned(scanned))
     assert expected[0] != expected[1]

@@ -11,7 +11,7 @@ from kvaudit.analyse.named_queries import load
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.durations import DAY_NS
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 

@@ -22,7 +22,7 @@ import pytest
 
 from kvaudit.cli import main
 from kvaudit.otlp.schema import DECODER
-from kvaudit.read import files, page_scan, reader, sources
+from kvaudit.read import files, reader, scan_json, sources
 from kvaudit.read.files import expand_paths
 from kvaudit.read.store import TraceStore
 
@@ -217,10 +217,10 @@ def test_spaced_lines_take_the_scanners_fast_path():
     scanner reads them itself instead of handing them to msgspec (3x slower)."""
     [line] = good_lines(1)
     spaced = _spaced([line]).rstrip(b"\n")
-    buf = np.frombuffer(bytearray(spaced + bytes(page_scan.PAD)), dtype=np.uint8)
+    buf = np.frombuffer(bytearray(spaced + bytes(scan_json.PAD)), dtype=np.uint8)
     starts, ends = np.array([0], dtype=np.int64), np.array([len(spaced)], dtype=np.int64)
-    assert page_scan.spaced(buf, starts, ends).tolist() == [True]
-    ends = page_scan.compact(buf, starts, ends)
+    assert scan_json.spaced(buf, starts, ends).tolist() == [True]
+    ends = scan_json.compact(buf, starts, ends)
     made = bytes(buf[: ends[0]])
     assert made == line.rstrip(b"\n")  # what the emitter wrote, byte for byte
     scanned = reader.page_scanner().scan(buf, starts, ends)

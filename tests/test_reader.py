@@ -11,7 +11,7 @@ import pytest
 
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read import files, reader
 from kvaudit.read.files import expand_paths
 from kvaudit.read.open import open_store

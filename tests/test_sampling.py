@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit.contract import Res, TelemetryAttr
-from kvaudit.emit.emitter import replica_resource, setup_emitter
+from kvaudit.emit.setup import replica_resource, setup_emitter
 from kvaudit.sampling import request_sampler, sample_rate
 
 IDS = [f"cmpl-{n:05d}-0-{n * 2654435761 % 2**32:08x}" for n in range(4000)]

@@ -398,7 +398,7 @@ def test_head_split_with_guard_is_a_safe_miss(deployment: Deployment) -> None:
 
 
 def test_raw_pointer_fallback_without_guard_is_silent_but_audited(deployment: Deployment) -> None:
-    from kvaudit.hooks.vllm.formats import CPU_PAGED_LAYOUT  # needs vLLM: not at collection
+    from kvaudit.hooks.vllm.inner_formats import CPU_PAGED_LAYOUT  # needs vLLM: not at collection
 
     baseline = deployment.tokens("producer")
     assert deployment.tokens("raw_producer") == baseline

@@ -10,7 +10,7 @@ import pytest
 
 from kvaudit.cli import main
 from kvaudit.contract import Hook, Op, Outcome
-from kvaudit.emit.emitter import setup_emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
 from kvaudit.receive.otlp_http import CollectorServer
 from kvaudit.receive.trace_sink import TraceSink

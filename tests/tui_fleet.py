@@ -16,7 +16,8 @@ import pytest
 
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit import emitter as emission
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 
 from .conftest import KV, full_page
 

@@ -62,7 +62,7 @@ def instrument(
 
     Args:
         replica: the replica id (`service.instance.id`); default LMCache's instance id.
-        export: `file:PATH` or `otlp:URL` (see `kvaudit.emit.emitter.exporter_for`).
+        export: `file:PATH` or `otlp:URL` (see `kvaudit.emit.setup.exporter_for`).
         emitter: an emitter to use instead of making one from `replica` and `export`.
         guard: turn fetched pages that fail the in-process checks into misses.
         checksum_rate: share of pages whose payload gets an xxh3 checksum (0 to 1).

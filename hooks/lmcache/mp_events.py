@@ -17,7 +17,8 @@ from lmcache.v1.mp_observability.event import Event, EventType
 from lmcache.v1.mp_observability.event_bus import EventBus, EventCallback, EventSubscriber, get_event_bus
 
 from kvaudit.contract import Hook, Op, PageDescriptor, Tier
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 
 # L1BackendType values (the medium behind the server's L1) as contract tiers.
 _L1_TIER: Final = {"dram": Tier.CPU, "devdax": Tier.CPU, "gds": Tier.DISK}
@@ -75,7 +76,7 @@ def subscribe(
 
     Args:
         replica: the id the server's spans carry (the pool's name, e.g. `pool`).
-        export: `file:PATH` or `otlp:URL` (see `kvaudit.emit.emitter.exporter_for`).
+        export: `file:PATH` or `otlp:URL` (see `kvaudit.emit.setup.exporter_for`).
         emitter: an emitter to use instead of making one from `replica` and `export`.
         bus: the event bus; LMCache's global one, enabled when the server runs with
             observability on.

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from kvaudit.contract import KVConfig, geometry_fingerprint
-from kvaudit.emit.emitter import UNRECORDED, Emitter, setup_emitter
+from kvaudit.emit.emitter import UNRECORDED, Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.hooks.lmcache.registry import StoreRegistry
 from kvaudit.sampling import request_sampler, sample_rate
 

@@ -23,7 +23,7 @@ How it is built, for those who build on it:
   tests/test_vllm_versions.py checks each member of each supported release.
 - What depends on the vLLM release is read where it is used: the supported range in
   `version`, the scheduler output in `plans.full_block_tables`.
-- What a fetched page is, is read from the inner connector's objects by `formats`.
+- What a fetched page is, is read from the inner connector's objects by `inner_formats`.
 """
 
 from __future__ import annotations

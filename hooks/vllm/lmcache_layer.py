@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from kvaudit.contract import Op, Outcome, PageDescriptor, Transfer
-from kvaudit.hooks.vllm.formats import CPU_PAGED_LAYOUT, Unit, page_skeletons
 from kvaudit.hooks.vllm.geometry import EngineGeometry
+from kvaudit.hooks.vllm.inner_formats import CPU_PAGED_LAYOUT, Unit, page_skeletons
 from kvaudit.hooks.vllm.plans import RequestPlan, external_request_id
 from kvaudit.hooks.vllm.settings import LAYER_SECTION, SECTION, AuditSettings, warn_unknown
 

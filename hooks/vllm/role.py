@@ -3,7 +3,7 @@
 `KVAuditConnector` builds one half for its role, around the inner connector it wraps:
 `scheduler.KVAuditScheduler` in the EngineCore process, `worker.KVAuditWorker` in each
 Worker process. Both start from the same setup, made here once: the settings, the
-engine's geometry, how the inner connector's objects read (`formats`, or LMCache's
+engine's geometry, how the inner connector's objects read (`inner_formats`, or LMCache's
 layer where LMCache is the inner connector), the KV configuration the replica declares,
 the emitter and the sampler; and both run their observations through `_observed`, so
 that a failure of the hook's own never reaches vLLM.
@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from kvaudit.emit.emitter import Emitter, setup_emitter
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import setup_emitter
 from kvaudit.hooks.vllm import lmcache_layer
-from kvaudit.hooks.vllm.formats import InnerFormat, format_for
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
+from kvaudit.hooks.vllm.inner_formats import InnerFormat, format_for
 from kvaudit.hooks.vllm.settings import AuditSettings
 from kvaudit.sampling import request_sampler
 

@@ -32,7 +32,7 @@ from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import UNRECORDED, Operation
 from kvaudit.guard import violations
 from kvaudit.hooks.vllm import lmcache_layer
-from kvaudit.hooks.vllm.formats import Unit, page_skeletons
+from kvaudit.hooks.vllm.inner_formats import Unit, page_skeletons
 from kvaudit.hooks.vllm.plans import KVAuditMetadata, remote_parent
 from kvaudit.hooks.vllm.role import KVAuditRole
 from kvaudit.hooks.vllm.settings import AuditSettings

@@ -6,7 +6,7 @@
 - `engine`: the Prometheus state machine (pending, firing, resolved) with state on disk (`state_file`).
 - `rule_health`: each rule's last evaluation, and the `KVAuditRuleFailing` alert of a failing one.
 - `notifiers`, `dispatch`: delivery to stdout, files, webhooks and Alertmanager, queued per notifier.
-- `metrics`: rule health and deliveries for Prometheus (`kvaudit alerts watch --metrics`).
+- `watch_metrics`: rule health and deliveries for Prometheus (`kvaudit alerts watch --metrics`).
 
 May import: the analysis stage (the `findings` table), `kvaudit.backends`, the contract.
 """

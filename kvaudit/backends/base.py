@@ -4,7 +4,7 @@ A backend is where the views live: DuckDB over trace files, an ingested database
 Parquet (`DuckDBBackend`), or ClickHouse behind the OpenTelemetry Collector
 (`ClickHouseBackend`). Callers always write kvaudit SQL, which is DuckDB's dialect
 (the named queries and the audit rules are written once, in it); each backend
-translates it to its own `dialect` where that differs (see `translate`).
+translates it to its own `dialect` where that differs (see `clickhouse_translate`).
 
 Query parameters are the named queries' variables: `getvariable('kvaudit_...')` in
 the SQL, given as `params={"kvaudit_...": value}`. Beyond DuckDB's own, kvaudit SQL has

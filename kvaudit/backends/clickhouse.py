@@ -33,8 +33,8 @@ import sqlglot
 
 from kvaudit.backends.base import Backend, BackendError, Params, QueryTimeoutError, Rows, one_query
 from kvaudit.backends.clickhouse_tables import existing_query, typed_tables_unusable, typed_view_statements
+from kvaudit.backends.clickhouse_translate import WRITE, Statement, to_clickhouse
 from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
-from kvaudit.backends.translate import WRITE, Statement, to_clickhouse
 from kvaudit.errors import BadValueError, InputError
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class ClickHouseBackend(Backend):
     """
 
     dialect = WRITE
-    inlines_ctes = True  # `translate`: `[NOT] MATERIALIZED` is dropped, and ClickHouse inlines CTEs
+    inlines_ctes = True  # `clickhouse_translate`: `[NOT] MATERIALIZED` is dropped, and ClickHouse inlines CTEs
 
     def __init__(self, connection: Connection, table: str = DEFAULT_TABLE, *, typed: bool = True) -> None:
         self.connection = connection

@@ -13,7 +13,7 @@ and so `read_errors` is empty. An absent array attribute is NULL, as in DuckDB:
 `shape` is a `Variant(Array(Int64))`, because ClickHouse has no Nullable arrays.
 
 One more view, `pages_keyed`, is `pages` with each page's key id (`KEY_ID`): what
-kvaudit SQL's `key_id(key)` reads on ClickHouse (kvaudit.backends.translate).
+kvaudit SQL's `key_id(key)` reads on ClickHouse (kvaudit.backends.clickhouse_translate).
 """
 
 from __future__ import annotations

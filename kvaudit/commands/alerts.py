@@ -294,7 +294,7 @@ def _watch(
 def _serve_metrics(engine: RuleEngine, dispatcher: Dispatcher, address: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from kvaudit.alerts.metrics import RuleMetrics
+    from kvaudit.alerts.watch_metrics import RuleMetrics
     from kvaudit.receive.otlp_http import parse_address
 
     host, port = parse_address(address, METRICS_PORT)

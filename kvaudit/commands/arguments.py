@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from kvaudit.alerts.bounds import DEFAULT_TIMEOUT_S
 from kvaudit.durations import parse_duration
 from kvaudit.errors import BadValueError, user_files
-from kvaudit.present.formats import FORMATS, TABLE_ROWS
+from kvaudit.present.output_formats import FORMATS, TABLE_ROWS
 
 if TYPE_CHECKING:
     from kvaudit.backends import Backend

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from kvaudit.commands.arguments import UsageError, command_parser, duration
 from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.contract import KVConfig
-from kvaudit.emit.emitter import Emitter, replica_resource
+from kvaudit.emit.emitter import Emitter
+from kvaudit.emit.setup import replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.errors import user_files
 from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits, parse_address, system_backlog

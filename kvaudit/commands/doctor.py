@@ -32,7 +32,7 @@ from typing import Any, Final
 from kvaudit import __version__
 from kvaudit.commands.arguments import command_parser
 from kvaudit.contract import SCHEMA_VERSION
-from kvaudit.emit.emitter import ENV_EXPORT
+from kvaudit.emit.setup import ENV_EXPORT
 
 PLUGIN_GROUP: Final = "vllm.general_plugins"
 OTEL_PREFIX: Final = "OTEL_EXPORTER_OTLP_"
@@ -246,7 +246,7 @@ def export_report() -> dict[str, Any]:
 
 def _otlp_endpoint(spec: str | None) -> str:
     """The URL the OTLP exporter would post to, as the exporter itself resolves it."""
-    from kvaudit.emit.emitter import exporter_for
+    from kvaudit.emit.setup import exporter_for
 
     exporter = exporter_for(spec, "doctor")
     try:
@@ -259,7 +259,7 @@ def _otlp_endpoint(spec: str | None) -> str:
 
 
 def page_scanner_report() -> dict[str, Any]:
-    """Whether numba has the page scanner's compiled code on disk (kvaudit.read.page_scan)."""
+    """Whether numba has the page scanner's compiled code on disk (`scanner_cache.SCANNER_MODULES`)."""
     from kvaudit.read import scanner_cache
 
     report: dict[str, Any] = {"numba": None, "cache_dir": None, "functions": 0, "cached": 0, "problem": None}
@@ -267,20 +267,24 @@ def page_scanner_report() -> dict[str, Any]:
     try:
         import numba
 
-        from kvaudit.read import page_scan
+        modules = [importlib.import_module(name) for name in scanner_cache.SCANNER_MODULES]
     except Exception as exc:
         report["problem"] = f"the page scanner does not import: {_one_line(exc)}"
         return report
     report["numba"] = numba.__version__
     if numba.config.DISABLE_JIT:
         report["problem"] = "NUMBA_DISABLE_JIT is set: the page scanner runs as plain Python, many times slower"
-    # numba's cache index of each compiled function; those inlined everywhere have none.
-    indexes = [
-        Path(dispatcher._cache._cache_file._index_path)
-        for dispatcher in vars(page_scan).values()
-        if hasattr(getattr(dispatcher, "_cache", None), "_cache_file")
-        and dispatcher.targetoptions.get("inline") != "always"
-    ]
+    # numba's cache index of each compiled function (once, though a module imports it from
+    # another); those inlined everywhere have none.
+    indexes = list(
+        dict.fromkeys(
+            Path(dispatcher._cache._cache_file._index_path)
+            for module in modules
+            for dispatcher in vars(module).values()
+            if hasattr(getattr(dispatcher, "_cache", None), "_cache_file")
+            and dispatcher.targetoptions.get("inline") != "always"
+        )
+    )
     report["functions"] = len(indexes)
     report["cached"] = sum(index.exists() for index in indexes)
     if indexes:

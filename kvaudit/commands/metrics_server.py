@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from kvaudit.backends import Backend
-from kvaudit.present.metrics import TraceMetrics
+from kvaudit.present.exporter_metrics import TraceMetrics
 from kvaudit.receive.http_security import BearerToken, SecureServerMixin, ServerSecurity
 
 # A scrape that stalls (or a client that connects and says nothing) gives up its thread after this.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvaudit.commands.arguments import command_parser
-from kvaudit.present.formats import FORMATS
+from kvaudit.present.output_formats import FORMATS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """What the hooks call to emit kvaudit spans and page descriptors.
 
-    emitter = setup_emitter("r1", "file:traces/r1.jsonl", engine="vllm", kv=KVConfig(...))
+    emitter = setup_emitter("r1", "file:traces/r1.jsonl", engine="vllm", kv=KVConfig(...))  # kvaudit.emit.setup
     with emitter.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR, request_id=rid) as op:
         op.add_page(PageDescriptor(key=..., used=True))
         op.end(Outcome.HIT, tokens_hit=256)
@@ -13,7 +13,7 @@ was given (`Emitter.record`): its `Operation` is made on the exporter thread. Th
 exporter thread finds the span's parent and builds its context, the SDK `ReadableSpan`
 and its page events, and turns the events into attributes as it encodes them: every
 object the serving thread does not make is time it does not spend between the engine's
-copies (bench/README.md, "Both hooks in the reference deployment"). Everything here
+copies. Everything here
 fails open: an exception inside emission is counted (and reported in a
 `kvaudit.telemetry` span) and never reaches the caller.
 """
@@ -27,7 +27,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import monotonic  # tests replace `time` here with a clock of their own (time_ns only)
 from types import TracebackType
@@ -40,7 +40,6 @@ from opentelemetry.context import Context
 from opentelemetry.environment_variables import OTEL_PYTHON_CONTEXT
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
@@ -49,10 +48,8 @@ from opentelemetry.trace.status import Status, StatusCode
 from kvaudit import __version__
 from kvaudit.contract import (
     EVENT_PAGE,
-    SCHEMA_VERSION,
     TRACER_NAME,
     Hook,
-    KVConfig,
     Op,
     Outcome,
     PageDescriptor,
@@ -60,13 +57,10 @@ from kvaudit.contract import (
     SpanAttr,
     TelemetryAttr,
 )
-from kvaudit.durations import parse_duration
 from kvaudit.emit.span_batcher import SpanBatcher
 
 logger = logging.getLogger(__name__)
 
-ENV_EXPORT: Final = "KVAUDIT_EXPORT"
-ENV_SHUTDOWN_TIMEOUT: Final = "KVAUDIT_SHUTDOWN_TIMEOUT"
 DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 _SCOPE = InstrumentationScope(TRACER_NAME, __version__)
 _OK = Status(StatusCode.UNSET)
@@ -479,9 +473,8 @@ class Emitter:
         names as its parent. The same span as `operation(...)` followed by
         `add_pages(describe)` and `end(outcome, ...)` (`amounts`: tokens hit, stored and
         local, pages, bytes, as `end` takes them), in this one call and the queue's: the
-        operation, its ids and its context are made on the exporter thread (bench/README.md,
-        "Operations recorded in one call"). Arguments are positional: a call by keywords
-        costs more. Never raises.
+        operation, its ids and its context are made on the exporter thread, off the serving
+        thread. Arguments are positional: a call by keywords costs more. Never raises.
         """
         try:
             parent = _current_context() if parent is None else parent
@@ -592,122 +585,3 @@ def _fallback_line(message: str) -> None:
 def _put(attrs: dict[str, Any], name: str, value: Any) -> None:
     if value is not None:
         attrs[name] = value
-
-
-def replica_resource(
-    replica: str,
-    *,
-    engine: str | None = None,
-    engine_version: str | None = None,
-    service_name: str | None = None,
-    kv: KVConfig | None = None,
-    sample_rate: float = 1.0,
-) -> Resource:
-    """The resource of one process of a replica; `OTEL_RESOURCE_ATTRIBUTES` is merged in.
-    `sample_rate`: the share of requests it records, declared where it is below 1."""
-    attrs: dict[str, Any] = {
-        Res.SERVICE_NAME: service_name or engine or TRACER_NAME,
-        Res.REPLICA: replica,
-        Res.SCHEMA: SCHEMA_VERSION,
-        Res.PROCESS_PID: os.getpid(),
-    }
-    _put(attrs, Res.ENGINE, engine)
-    _put(attrs, Res.ENGINE_VERSION, engine_version)
-    if kv is not None:
-        attrs.update(kv.to_attributes())
-    if sample_rate < 1.0:
-        attrs[Res.SAMPLE_RATE] = sample_rate
-    return Resource.create(attrs)
-
-
-def exporter_for(export: str | None, replica: str) -> SpanExporter:
-    """The span exporter for an export spec.
-
-    Args:
-        export: `file:PATH` (OTLP JSON lines; `{replica}` and `{pid}` are expanded),
-            `otlp:URL` (OTLP/HTTP, protobuf), or None to read `KVAUDIT_EXPORT`, then
-            the standard `OTEL_EXPORTER_OTLP_*` variables (OTLP/HTTP to localhost:4318
-            when none is set, as every OpenTelemetry exporter does).
-        replica: the replica id, for `{replica}` in a path.
-
-    Raises:
-        ValueError: the spec names no known destination.
-    """
-    spec = export or os.environ.get(ENV_EXPORT)
-    if spec is None or spec.startswith("otlp:"):
-        from kvaudit.emit.otlp_http_exporter import OTLPHttpExporter
-
-        if spec is None:
-            return OTLPHttpExporter()
-        url = spec.removeprefix("otlp:")
-        return OTLPHttpExporter(
-            endpoint=url if url.rstrip("/").endswith("/v1/traces") else url.rstrip("/") + "/v1/traces"
-        )
-    if spec.startswith("file:"):
-        from kvaudit.emit.file_exporter import OTLPJsonFileExporter
-
-        return OTLPJsonFileExporter(spec.removeprefix("file:").replace("{replica}", replica))
-    raise ValueError(f"kvaudit export {spec!r}: expected file:PATH or otlp:URL")
-
-
-class _Unavailable(SpanExporter):
-    """Where spans go when their destination could not be set up: every export fails, and is counted."""
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        pass
-
-
-def shutdown_timeout_from_env(default: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> float:
-    """`KVAUDIT_SHUTDOWN_TIMEOUT` (a duration: `5s`, `500ms`) if set and valid, else `default`."""
-    text = os.environ.get(ENV_SHUTDOWN_TIMEOUT)
-    if not text:
-        return default
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        logger.warning("kvaudit: %s=%r ignored (%s); using %ss", ENV_SHUTDOWN_TIMEOUT, text, exc, default)
-        return default
-
-
-def setup_emitter(
-    replica: str,
-    export: str | None = None,
-    *,
-    engine: str | None = None,
-    engine_version: str | None = None,
-    service_name: str | None = None,
-    kv: KVConfig | None = None,
-    sample_rate: float = 1.0,
-    max_queue_spans: int = 8192,
-    export_delay_s: float = 1.0,
-    shutdown_timeout_s: float | None = None,
-) -> Emitter:
-    """One call from a hook: an emitter for `replica` exporting to `export` (see `exporter_for`).
-
-    A destination that cannot be set up (a bad spec, an exporter that fails to build)
-    never raises into the serving process: it is logged once, emission turns itself
-    off, and every span it is given is counted as dropped. A trace file that cannot be
-    opened yet is retried at each export. `shutdown_timeout_s` defaults to
-    `KVAUDIT_SHUTDOWN_TIMEOUT`, else 5 s.
-
-    Raises:
-        ValueError: empty replica id.
-    """
-    if not replica:
-        raise ValueError("kvaudit needs a replica id (service.instance.id)")
-    resource = replica_resource(
-        replica, engine=engine, engine_version=engine_version, service_name=service_name, kv=kv, sample_rate=sample_rate
-    )
-    exporter: SpanExporter
-    try:
-        exporter = exporter_for(export, replica)
-    except Exception as exc:
-        logger.error("kvaudit: replica %s: no trace destination (%s); emission is off, spans are counted", replica, exc)
-        exporter = _Unavailable()
-    batcher = SpanBatcher(exporter, max_queue=max_queue_spans, delay_s=export_delay_s)
-    if shutdown_timeout_s is None:
-        shutdown_timeout_s = shutdown_timeout_from_env()
-    return Emitter(resource, batcher, shutdown_timeout_s=shutdown_timeout_s)

@@ -21,7 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 from kvaudit.emit.emitter import Emitter
 from kvaudit.kv_events.replay import ReplayClient
 from kvaudit.kv_events.sequence import Gap, SequenceTracker
-from kvaudit.kv_events.translate import StreamTranslator
+from kvaudit.kv_events.to_spans import StreamTranslator
 from kvaudit.kv_events.wire import decode_batch, decode_seq
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Final, TextIO
 import msgspec
 from rich.table import Table
 
-from kvaudit.present.formats import FORMATS
+from kvaudit.present.output_formats import FORMATS
 from kvaudit.present.terminal import cell, console, print_wide
 from kvaudit.safe_text import visible
 

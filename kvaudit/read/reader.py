@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from kvaudit.contract import PAGE_COLUMNS, Kind
 from kvaudit.otlp.schema import DECODER, HEAD_DECODER
-from kvaudit.read import files, page_scan, scanner_cache, sources
+from kvaudit.read import files, scan_json, scan_otlp, scanner_cache, sources
 from kvaudit.read.buffer_pool import BufferPool
 from kvaudit.read.columns import (
     ERRORS_SCHEMA,
@@ -41,10 +41,10 @@ from kvaudit.read.files import CHUNK_BYTES, Cursors, Piece, pending_bytes, plan,
 from kvaudit.read.page_scan import PageColumns, PageScanner
 
 _SCAN_KIND: Final = {
-    Kind.STR: page_scan.STR,
-    Kind.INT: page_scan.INT,
-    Kind.BOOL: page_scan.BOOL,
-    Kind.INTS: page_scan.INTS,
+    Kind.STR: scan_otlp.STR,
+    Kind.INT: scan_otlp.INT,
+    Kind.BOOL: scan_otlp.BOOL,
+    Kind.INTS: scan_otlp.INTS,
 }
 # A range is a chunk and the rest of the line it ends in. Idle, these buffers hold at
 # most 2 * CHUNK_BYTES per CPU.
@@ -100,7 +100,7 @@ def read_task(pieces: Sequence[Piece], final: bool, scan: bool = True) -> tuple[
     rows = RangeRows()
     units: list[_Unit] = []
     reads: list[PieceRead] = []
-    with _BUFFERS.buffer(size + page_scan.PAD) as data:
+    with _BUFFERS.buffer(size + scan_json.PAD) as data:
         at = 0
         for k, piece in enumerate(pieces):
             base = piece.base_line or 0
@@ -116,7 +116,7 @@ def read_task(pieces: Sequence[Piece], final: bool, scan: bool = True) -> tuple[
             stop, lines = _units(data, at, at + got, k, piece.document, final, units, rows, piece.path, base)
             reads.append(PieceRead(piece.start + stop - at, lines))
             at += got
-        data[at : at + page_scan.PAD] = bytes(page_scan.PAD)
+        data[at : at + scan_json.PAD] = bytes(scan_json.PAD)
         return _read_units(pieces, data, units, rows, scan), reads
 
 
@@ -203,11 +203,11 @@ def _read_units(pieces: Sequence[Piece], data: bytearray, units: list[_Unit], ro
         ends = np.array([unit.last for unit in units], dtype=np.int64)
         # Insignificant white space is taken out first (in place, keeping the bytes as
         # written for msgspec's error messages), so the scanner reads the compact form.
-        spaced = page_scan.spaced(buf, starts, ends)
+        spaced = scan_json.spaced(buf, starts, ends)
         for k in np.flatnonzero(spaced).tolist():
             originals[k] = bytes(view[units[k].first : units[k].last])
         if originals:
-            ends[spaced] = page_scan.compact(buf, starts[spaced], ends[spaced])
+            ends[spaced] = scan_json.compact(buf, starts[spaced], ends[spaced])
         scanned = page_scanner().scan(buf, starts, ends)
     lines: list[DecodedLine] = []
     for k, unit in enumerate(units):

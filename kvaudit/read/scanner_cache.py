@@ -1,19 +1,19 @@
 """The page scanner's machine code: where numba keeps it, whether it is built, and building it.
 
-numba compiles the page scanner (`kvaudit.read.page_scan`) on first use, about a minute
-on two cores, and keeps the machine code on disk. kvaudit keeps it in a user cache
-directory ($KVAUDIT_CACHE_DIR, else $XDG_CACHE_HOME/kvaudit, else ~/.cache/kvaudit;
-numba's own NUMBA_CACHE_DIR wins where set) rather than beside the installed package,
-which may be read-only or thrown away with its container. An image builds it ahead of
-time with `python -m kvaudit.read.scanner_cache` (`make install` does), with the same
-cache directory set at build and at run time.
+numba compiles the page scanner (`kvaudit.read.page_scan` and the modules it calls into)
+on first use, about a minute on two cores, and keeps the machine code on disk. kvaudit
+keeps it in a user cache directory ($KVAUDIT_CACHE_DIR, else $XDG_CACHE_HOME/kvaudit,
+else ~/.cache/kvaudit; numba's own NUMBA_CACHE_DIR wins where set) rather than beside
+the installed package, which may be read-only or thrown away with its container. An
+image builds it ahead of time with `python -m kvaudit.read.scanner_cache` (`make
+install` does), with the same cache directory set at build and at run time.
 
 A read that finds it unbuilt does not wait: it starts the build in a process of its own
 (one at a time, under a lock), says so once on stderr, and reads with msgspec meanwhile;
 reads after the build has marked it done use the scanner. The mark names numba's
-version and the scanner's source, as numba's own cache index does, so upgrading either
-builds again. This module imports neither numba nor the scanner: `kvaudit --version`
-asks it cheaply.
+version and the scanner's sources, and so does the directory of the machine code
+(`numba_code_dir`): upgrading either builds again. This module imports neither numba
+nor the scanner: `kvaudit --version` asks it cheaply.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Final
 
-SCANNER_MODULE: Final = "kvaudit.read.page_scan"
+# The page scanner's compiled modules: its JSON primitives, its OTLP grammar, its driver.
+SCANNER_MODULES: Final = ("kvaudit.read.scan_json", "kvaudit.read.scan_otlp", "kvaudit.read.page_scan")
 _announced = False
 
 
@@ -43,6 +44,14 @@ def cache_dir() -> Path:
 def numba_cache_dir() -> str:
     """The directory numba is to cache compiled functions in (for `numba.config.CACHE_DIR`)."""
     return os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
+
+
+def numba_code_dir() -> str:
+    """Where numba keeps the scanner's machine code: in `numba_cache_dir()`, a directory per
+    version of numba and of the scanner's sources. numba checks a function's cached code
+    against the function's own file only, not the files of the functions it calls, and the
+    scanner's functions call across its modules: a change to any of them builds them all."""
+    return os.path.join(numba_cache_dir(), _fingerprint() or "")
 
 
 def state() -> str:
@@ -91,16 +100,18 @@ def ready_or_building() -> bool:
 
 
 def _fingerprint() -> str | None:
-    """numba's version and the scanner source's path, size and time, as numba's cache index keys them."""
+    """numba's version and each scanner source's path, size and time, as numba's cache index keys one."""
     try:
         version = metadata.version("numba")
     except metadata.PackageNotFoundError:
         return None
-    spec = importlib.util.find_spec(SCANNER_MODULE)
-    if spec is None or spec.origin is None:
-        return None
-    source = os.stat(spec.origin)
-    key = f"{version}\0{spec.origin}\0{source.st_size}\0{source.st_mtime_ns}"
+    key = version
+    for module in SCANNER_MODULES:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            return None
+        source = os.stat(spec.origin)
+        key += f"\0{spec.origin}\0{source.st_size}\0{source.st_mtime_ns}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

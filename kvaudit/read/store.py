@@ -108,7 +108,7 @@ class TraceStore:
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
         # kvaudit SQL's `key_id(key)`: the key itself here, where hash tables take strings
-        # at the speed of a hash (ClickHouse's do not: kvaudit.backends.translate). A
+        # at the speed of a hash (ClickHouse's do not: kvaudit.backends.clickhouse_translate). A
         # temporary macro, so that a database of an earlier kvaudit has it too.
         con.execute("CREATE OR REPLACE TEMP MACRO key_id(key) AS key")
         self._con = con

@@ -34,7 +34,8 @@ from kvaudit.contract import (
     SpanAttr,
     Tier,
 )
-from kvaudit.emit.emitter import Emitter, Operation, replica_resource, setup_emitter
+from kvaudit.emit.emitter import Emitter, Operation
+from kvaudit.emit.setup import replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.simulator.faults import Faults, GroundTruth, Injector
 from kvaudit.simulator.model import LAYOUT_PACKED, LAYOUT_SPLIT, PRESETS, CostModel, ModelGeometry
