@@ -17,8 +17,8 @@ from kvaudit.alerts.instances import AlertInstance, AlertState, fingerprint
 from kvaudit.alerts.payloads import webhook_alert, webhook_payloads
 from kvaudit.cli import main
 
-from . import alert_traces
-from .servers import RecordingServer
+from ..support import alert_traces
+from ..support.servers import RecordingServer
 
 T0 = 1_767_225_600.0
 

@@ -28,8 +28,8 @@ from kvaudit.alerts.instances import AlertInstance, AlertState
 from kvaudit.alerts.notifiers import AlertmanagerNotifier, StreamNotifier
 from kvaudit.cli import main
 
-from . import alert_traces
-from .servers import HangingServer, RecordingServer, free_port
+from ..support import alert_traces
+from ..support.servers import HangingServer, RecordingServer, free_port
 
 T0 = 1_767_225_600.0
 

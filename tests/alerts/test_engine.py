@@ -11,7 +11,7 @@ from kvaudit.alerts.instances import AlertState
 from kvaudit.alerts.rules import load_rules
 from kvaudit.read.store import TraceStore
 
-from .alert_traces import Clock
+from ..support.alert_traces import Clock
 
 RULES = """\
 groups:

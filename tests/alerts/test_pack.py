@@ -16,8 +16,8 @@ from kvaudit.alerts.rules import load_default_pack
 from kvaudit.cli import main
 from kvaudit.read.open import open_store
 
-from . import alert_traces
-from .alert_traces import Clock
+from ..support import alert_traces
+from ..support.alert_traces import Clock
 
 
 def _fired(trace_dir: Path, *, after_s: float = 0) -> dict[str, list[dict[str, str]]]:

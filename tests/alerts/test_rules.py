@@ -12,6 +12,8 @@ from kvaudit.alerts.templates import parse_template
 from kvaudit.cli import main
 from kvaudit.durations import parse_duration
 
+from ..support import ROOT
+
 GOOD = """\
 groups:
   - name: g
@@ -88,7 +90,7 @@ def test_check_reports_every_problem_and_exits_1(tmp_path: Path, capsys: pytest.
 
 
 def test_check_of_the_default_pack_and_the_example_is_clean(capsys: pytest.CaptureFixture[str]):
-    example = Path(__file__).parent.parent / "examples" / "alerts" / "kvaudit-rules.yaml"
+    example = ROOT / "examples" / "alerts" / "kvaudit-rules.yaml"
     assert main(["alerts", "check", str(example)]) == 0
     assert len(load_default_pack()) == 3
     assert main(["alerts", "default-rules"]) == 0

@@ -27,8 +27,8 @@ from kvaudit.backends.clickhouse_load import create_table
 from kvaudit.cli import main
 from kvaudit.read.open import open_store
 
-from . import alert_traces
-from .servers import RecordingServer
+from ..support import alert_traces
+from ..support.servers import RecordingServer
 
 
 @pytest.fixture

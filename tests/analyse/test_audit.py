@@ -12,8 +12,8 @@ from kvaudit.analyse.audit import SEVERITY_ORDER, Finding, rule_queries, run_aud
 from kvaudit.cli import main
 from kvaudit.contract import REQUIRED_ON_FETCH, Hook, KVConfig, Op, PageDescriptor
 
-from .conftest import KV
-from .fleet import Fleet, page
+from ..support.fleet import Fleet, page
+from ..support.pages import KV
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from kvaudit.tui.figures import Analysis, compute_figures
 from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.window import window_named
 
-from .conftest import KV
-from .fleet import Fleet, page
+from ..support.fleet import Fleet, page
+from ..support.pages import KV
 
 BLOCK, CHUNK = 32, 256
 VLLM_KV = msgspec.structs.replace(KV, layout="KV_2LTD", hash_algo="sha256")

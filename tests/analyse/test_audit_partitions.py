@@ -27,7 +27,7 @@ from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.cli import main
 from kvaudit.read.open import open_store
 
-from .fleet import Fleet, page
+from ..support.fleet import Fleet, page
 
 # Fleet's clock starts at 2023-11-14 22:13:20 UTC; midnight comes 6,400 s later.
 MIDNIGHT = 6400.0

@@ -35,8 +35,8 @@ from kvaudit.simulator.page_truth import read_page_truth
 from kvaudit.simulator.router import ROUTERS
 from kvaudit.simulator.stats import summarise_by
 
-from .conftest import KV, full_page
-from .test_backends import answers
+from ..support.backend_fleet import answers
+from ..support.pages import KV, full_page
 
 BASE = SimConfig(duration_s=90, rate=0.5, seed=3)
 MODES = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,8 @@ from kvaudit.analyse.named_queries import run_named
 from kvaudit.contract import Hook, Op
 from kvaudit.read.store import TraceStore
 
-from .fleet import Fleet, page
+from ..support.fleet import Fleet, page
+from ..support.reference_answers import brute_force_lru, tag_fetches
 
 
 @pytest.fixture
@@ -44,25 +43,6 @@ def test_hit_rate_per_layer_op_and_bucket(fleet: Fleet):
     assert rows[1]["bucket_start"] < rows[2]["bucket_start"]
 
 
-def _tag_fetches(trace_dir: Path, attribute: str, value_of_request: dict[str, str]) -> None:
-    """Add a span attribute as a Collector's attributes processor would."""
-    for path in trace_dir.glob("*.jsonl"):
-        lines = []
-        for line in path.read_text().splitlines():
-            data = json.loads(line)
-            for rs in data["resourceSpans"]:
-                for ss in rs["scopeSpans"]:
-                    for span in ss["spans"]:
-                        request = next(
-                            (a["value"]["stringValue"] for a in span["attributes"] if a["key"].endswith("request.id")),
-                            None,
-                        )
-                        if request in value_of_request:
-                            value = {"stringValue": value_of_request[request]}
-                            span["attributes"].append({"key": attribute, "value": value})
-            lines.append(json.dumps(data))
-        path.write_text("\n".join(lines) + "\n")
-
 
 def test_cross_replica_matrix_shares_and_classes(fleet: Fleet, trace_dir: Path):
     r1, r2, r3 = fleet.replica("r1"), fleet.replica("r2"), fleet.replica("r3")
@@ -83,7 +63,7 @@ def test_cross_replica_matrix_shares_and_classes(fleet: Fleet, trace_dir: Path):
         (None, "r2", 1, 32, False, 0.2),  # an orphan: producer unknown
     ]
     store.close()
-    _tag_fetches(trace_dir, "workload", {"chat-1": "chat", "chat-2": "chat", "rag-1": "rag"})
+    tag_fetches(trace_dir, "workload", {"chat-1": "chat", "chat-2": "chat", "rag-1": "rag"})
     store = TraceStore([trace_dir])
     store.refresh()
     rows = _rows(store, "cross_replica_reuse", kvaudit_class_attr="workload")
@@ -144,22 +124,7 @@ def test_reuse_times_wasted_stores_and_evictions(fleet: Fleet):
     assert (r2_row["replica"], r2_row["pages_stored"], r2_row["pages_fetched"]) == ("r2", 0, 0)
 
 
-def _brute_force_lru(stream: list[tuple[str, int]], capacity: float) -> float:
-    cache: OrderedDict[str, int] = OrderedDict()
-    size = hits = 0
-    for key, size_of in stream:
-        if key in cache:
-            hits += 1
-            cache.move_to_end(key)
-            continue
-        cache[key] = size_of
-        size += size_of
-        while size > capacity:
-            size -= cache.popitem(last=False)[1]
-    return hits / len(stream)
-
-
-def test_capacity_curve_equals_a_brute_force_lru(fleet: Fleet):
+def test_capacity_curve_equals_abrute_force_lru(fleet: Fleet):
     rng = np.random.default_rng(7)
     r1, r2 = fleet.replica("r1"), fleet.replica("r2")
     stream = []
@@ -175,5 +140,5 @@ def test_capacity_curve_equals_a_brute_force_lru(fleet: Fleet):
     curve = capacity_curve(fleet.open(), sample_rate=1.0)
     assert curve.accesses == 150 and curve.sample_rate == 1.0
     for capacity in [0, 999, 1000, 2500, 5000, 12_000, 30_000, 1e9]:
-        assert curve.hit_rate(capacity) == pytest.approx(_brute_force_lru(stream, capacity))
-    assert curve.ideal_hit_rate == _brute_force_lru(stream, 1e12)
+        assert curve.hit_rate(capacity) == pytest.approx(brute_force_lru(stream, capacity))
+    assert curve.ideal_hit_rate == brute_force_lru(stream, 1e12)

@@ -15,7 +15,7 @@ from kvaudit.analyse.named_queries import run_named
 from kvaudit.read.columns import Tables
 from kvaudit.read.store import TraceStore
 
-from .test_queries import _brute_force_lru
+from ..support.reference_answers import brute_force_lru
 
 
 def _store_with(table: str, columns: dict[str, Any]) -> TraceStore:
@@ -73,7 +73,7 @@ def test_capacity_curve_is_monotone_and_exact(stream: list[tuple[int, int]]):
     rates = curve.hit_rate(curve.grid(32))
     assert np.all(np.diff(rates) >= 0) and rates[0] >= 0.0 and rates[-1] <= 1.0
     for capacity in (100, 450, 1000, 3000):
-        assert curve.hit_rate(capacity) == _brute_force_lru([(str(k), s) for k, s in stream], capacity)
+        assert curve.hit_rate(capacity) == brute_force_lru([(str(k), s) for k, s in stream], capacity)
 
 
 # No shrinking: each example is 100k accesses, and a failure is clear without a smaller one.

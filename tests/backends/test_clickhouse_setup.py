@@ -18,7 +18,7 @@ from kvaudit.backends.clickhouse_tables import TYPED_TABLES, setup_statements
 from kvaudit.cli import main
 from kvaudit.contract import PAGE_COLUMNS
 
-from .test_backends import answers, write_fleet
+from ..support.backend_fleet import answers, write_fleet
 
 SCHEMA = (
     "SELECT name, engine, create_table_query, comment FROM system.tables"

@@ -23,7 +23,7 @@ from kvaudit.cli import main
 from kvaudit.commands.arguments import open_backend
 from kvaudit.commands.metrics_server import serve
 
-from .test_backends import NOT_IN_CLICKHOUSE, write_fleet
+from ..support.backend_fleet import NOT_IN_CLICKHOUSE, write_fleet
 
 
 @pytest.fixture(scope="module", params=["views", "typed"])

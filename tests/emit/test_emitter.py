@@ -15,8 +15,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from kvaudit.contract import Hook, Op, Outcome, PageAttr, PageDescriptor, SpanAttr, TelemetryAttr
@@ -27,19 +26,8 @@ from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 from kvaudit.read.store import TraceStore
 
-from .conftest import KV, full_page
-
-
-class Capture(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def export(self, spans):
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
+from ..support.capture import Capture
+from ..support.pages import KV, full_page
 
 
 class Broken(SpanExporter):

@@ -6,7 +6,7 @@ from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 
-from .test_emission import Capture
+from ..support.capture import Capture
 
 
 def test_explicit_start_end_and_page_times_are_kept():

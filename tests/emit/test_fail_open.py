@@ -38,8 +38,8 @@ from kvaudit.emit.file_exporter import OTLPJsonFileExporter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 
-from .conftest import full_page
-from .servers import free_port
+from ..support.pages import full_page
+from ..support.servers import free_port
 
 
 def _emit(emitter: Emitter, count: int, pages: int = 2) -> None:

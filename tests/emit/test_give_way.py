@@ -17,22 +17,7 @@ from kvaudit.emit.give_way import GiveWay
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 
-from .test_emission import Capture
-
-
-class FakeTime:
-    """A clock that moves only when told, and the sleeps asked of it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from ..support.capture import Capture, FakeTime
 
 
 def test_it_sleeps_only_once_a_slice_has_run_then_starts_another():

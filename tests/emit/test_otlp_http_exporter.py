@@ -30,10 +30,9 @@ from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import line_to_traces_data, spans_to_line
 from kvaudit.otlp.encode_protobuf import spans_to_request
 
-from .conftest import KV, full_page
-from .servers import RecordingServer
-from .test_emission import Capture
-from .test_give_way import FakeTime
+from ..support.capture import Capture, FakeTime
+from ..support.pages import KV, full_page
+from ..support.servers import RecordingServer
 
 
 def _pages(spans: int = 3, pages: int = 4) -> list[ReadableSpan]:

@@ -69,9 +69,10 @@ from kvaudit.read.store import TraceStore
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import window_named
 
-from .replica_processes import Replica, run_all
-from .servers import free_port, serving
-from .tiny_model import tiny_llama, write_random_weights
+from ..support import SUPPORT
+from ..support.replica_processes import Replica, run_all
+from ..support.servers import free_port, serving
+from ..support.tiny_model import tiny_llama, write_random_weights
 
 pytestmark = [
     pytest.mark.skipif(
@@ -85,7 +86,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning"),
 ]
 
-SCRIPT = Path(__file__).parent / "vllm" / "topology_replica.py"
+SCRIPT = SUPPORT / "vllm" / "topology_replica.py"
 MODEL = tiny_llama("bfloat16")
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(600)]
 BLOCK, CHUNK = 32, 256

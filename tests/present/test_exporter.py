@@ -17,7 +17,7 @@ from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GIB, SimConfig, simulate
 from kvaudit.simulator.stats import summarise_by
 
-from . import alert_traces
+from ..support import alert_traces
 
 
 def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

@@ -15,8 +15,8 @@ from kvaudit.commands.metrics_server import serve
 from kvaudit.read.store import TraceStore
 from kvaudit.receive.http_security import BearerToken, ServerSecurity, ServerTLS
 
-from . import alert_traces
-from .otlp_requests import self_signed_certificate
+from ..support import alert_traces
+from ..support.otlp_requests import self_signed_certificate
 
 
 def test_metrics_over_tls_only_with_the_token(trace_dir: Path, tmp_path: Path):

@@ -25,9 +25,10 @@ from kvaudit.tui.source import LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
 from kvaudit.tui.widgets.replica_table import ReplicaTable
 
-from . import hostile_traces
-from .hostile_traces import HOSTILE_REPLICA, RAW
-from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
+from ..support import hostile_traces
+from ..support.hostile_traces import HOSTILE_REPLICA, RAW
+from ..support.tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
+from ..support.waiting import until
 
 SHOWN = "[/]r9[bold red]red[/bold red]\\x1b]0;pwned\\x07\\x1b[2J\\u202e"  # the replica as people see it
 RULES = """\
@@ -109,26 +110,19 @@ def test_the_tui_shows_them_as_text(hostile: Path):
         async with app.run_test(size=(200, 50)) as pilot:
             replicas = app.query_one(ReplicaTable)
             findings = app.query_one(FindingsTable)
-            await _until(lambda: replicas.row_count == 2 and findings.row_count == 3)
-            await _until(lambda: bool(app.main.figures and app.main.figures.alerts))
+            await until(lambda: replicas.row_count == 2 and findings.row_count == 3)
+            await until(lambda: bool(app.main.figures and app.main.figures.alerts))
             shown = [replicas.get_row_at(i)[0] for i in range(replicas.row_count)]
             assert all(isinstance(cell, Text) for cell in shown)
             assert SHOWN in [cell.plain for cell in shown]
             await pilot.press("enter")  # the drill-down quotes the replica and the key too
-            await _until(lambda: isinstance(app.screen, DrillScreen))
+            await until(lambda: isinstance(app.screen, DrillScreen))
             await pilot.pause()
             screen = app.export_screenshot()
             assert "pwned" in screen and "\x1b" not in screen and "\x07" not in screen
         source.close()
 
     asyncio.run(scenario())
-
-
-async def _until(condition, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "the app did not get there in time"
-        await asyncio.sleep(0.05)
 
 
 @needs_tmux

@@ -15,7 +15,7 @@ from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GIB, SimConfig, simulate
 from kvaudit.simulator.stats import summarise_by
 
-from .fleet import Fleet, page
+from ..support.fleet import Fleet, page
 
 
 def test_report_terminal_and_html(

@@ -18,7 +18,7 @@ import pytest
 
 from kvaudit.cli import main
 
-from .chromium import Browser, chromium, needs_chromium
+from ..support.chromium import Browser, chromium, needs_chromium
 
 pytestmark = needs_chromium
 

@@ -20,7 +20,7 @@ from kvaudit.emit.line_file import LineFile
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
-from .hostile import good_lines
+from ..support.hostile import good_lines
 
 LINES = 24
 

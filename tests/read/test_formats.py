@@ -26,7 +26,7 @@ from kvaudit.read import files, page_scan, reader, sources
 from kvaudit.read.files import expand_paths
 from kvaudit.read.store import TraceStore
 
-from .hostile import _span, good_lines
+from ..support.hostile import _span, good_lines
 
 LINES = 6
 

@@ -31,8 +31,8 @@ from kvaudit.commands.metrics_server import serve
 from kvaudit.read import files, reader
 from kvaudit.read.store import TraceStore
 
-from . import hostile
-from .hostile import CASES, LINES, good_lines
+from ..support import hostile
+from ..support.hostile import CASES, LINES, good_lines
 
 
 def _read(paths: list[Path], scan: bool | None = None, monkeypatch: pytest.MonkeyPatch | None = None) -> TraceStore:

@@ -25,7 +25,7 @@ from kvaudit.read import page_scan, reader
 from kvaudit.read.reader import read_range
 from kvaudit.read.store import TraceStore
 
-from .conftest import KV, full_page
+from ..support.pages import KV, full_page
 
 # Lines are drawn plain (what writers write: the scanner's own ground) or odd (anything valid).
 PLAIN_TEXT = st.text(alphabet=st.sampled_from(list("ab/_:. 0")), max_size=6)

@@ -15,8 +15,8 @@ from kvaudit.emit.emitter import setup_emitter
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
-from .conftest import KV
-from .test_backends import named_queries, write_fleet
+from ..support.backend_fleet import named_queries, write_fleet
+from ..support.pages import KV
 
 VIEWS = ("spans", "pages", "replicas", "read_errors")
 

@@ -17,7 +17,7 @@ from kvaudit.read.files import expand_paths
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
-from .conftest import KV, full_page
+from ..support.pages import KV, full_page
 
 
 def _good_file(path: Path, replica: str = "r1", spans: int = 3) -> list[bytes]:

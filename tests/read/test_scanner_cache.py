@@ -19,7 +19,7 @@ from pathlib import Path
 from kvaudit.read import scanner_cache
 from kvaudit.read.reader import SCAN_MIN_BYTES
 
-from .hostile import good_lines
+from ..support.hostile import good_lines
 
 MESSAGE = "kvaudit: compiling the page scanner in the background"
 

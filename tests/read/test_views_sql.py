@@ -12,8 +12,8 @@ from kvaudit.analyse.named_queries import load
 from kvaudit.contract import Hook, Op, PageDescriptor
 from kvaudit.read.store import TraceStore
 
-from .fleet import Fleet, page
-from .test_queries import _tag_fetches
+from ..support.fleet import Fleet, page
+from ..support.reference_answers import tag_fetches
 
 ORDER = {
     "spans": "file, line, span_id",
@@ -46,7 +46,7 @@ def test_views_sql_equals_the_store(trace_dir: Path, monkeypatch: pytest.MonkeyP
     broken.add_page("not a descriptor")  # type: ignore[arg-type]
     broken.end()  # a telemetry span reports the error
     fleet.open().close()
-    _tag_fetches(trace_dir, "workload", {"q2": "chat"})
+    tag_fetches(trace_dir, "workload", {"q2": "chat"})
     with (trace_dir / "r1-vllm.jsonl").open("a") as f:
         f.write('not json\n{"resourceSpans": "nope"}\n{"resourceSpans": [')
 

@@ -26,8 +26,8 @@ from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 
-from .conftest import full_page
-from .servers import free_port
+from ..support.pages import full_page
+from ..support.servers import free_port
 
 CLIENTS = 40
 BATCHES = 25

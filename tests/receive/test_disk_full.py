@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-SCENARIO = Path(__file__).with_name("disk_full_scenario.py")
+from ..support import SUPPORT
+
+SCENARIO = SUPPORT / "disk_full_scenario.py"
 
 
 @cache

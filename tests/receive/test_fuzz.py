@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits
 from kvaudit.receive.trace_sink import TraceSink
 
-from .otlp_requests import PROTOBUF, body_of, post
+from ..support.otlp_requests import PROTOBUF, body_of, post
 
 # What a definite answer may be: accepted (whole or in part), refused as bad or too
 # large, or the memory budget (which a burst of examples may reach): never a 5xx else.

@@ -28,7 +28,7 @@ from kvaudit.receive.memory_budget import DECODE_BYTES_PER_BODY_BYTE
 from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits, system_backlog
 from kvaudit.receive.trace_sink import MAX_REPLICA_BYTES, TraceSink
 
-from .otlp_requests import (
+from ..support.otlp_requests import (
     PROTOBUF,
     body_of,
     post,

@@ -19,7 +19,7 @@ from kvaudit.read.store import TraceStore
 from kvaudit.receive.otlp_http import CollectorServer, ReceiverLimits
 from kvaudit.receive.trace_sink import TraceSink
 
-from .conftest import KV, full_page
+from ..support.pages import KV, full_page
 
 
 @pytest.fixture

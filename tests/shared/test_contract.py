@@ -21,7 +21,7 @@ from kvaudit.contract import (
     Transfer,
 )
 
-from .conftest import full_page
+from ..support.pages import full_page
 
 
 def test_every_descriptor_field_has_one_attribute_name():

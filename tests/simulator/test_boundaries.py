@@ -8,7 +8,6 @@ import io
 import re
 import sys
 from functools import cache
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -16,10 +15,12 @@ import pytest
 from kvaudit.simulator.engine import SimConfig, simulate
 from kvaudit.simulator.stats import summarise
 
+from ..support import ROOT
+
 
 @cache
 def _boundaries() -> ModuleType:
-    path = Path(__file__).parent.parent / "examples" / "boundaries.py"
+    path = ROOT / "examples" / "boundaries.py"
     spec = importlib.util.spec_from_file_location("boundaries", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -50,7 +51,6 @@ def test_transfer_eats_the_gain_below_the_break_even_bandwidth():
     assert all(speedup < 1 for gbps, speedup in idle.items() if gbps < lowest)
 
 
-ROOT = Path(__file__).parent.parent
 BOUNDARIES = ROOT / "docs" / "boundaries.md"
 README_SECTION = "### Where shared KV caching pays"
 # A command named in backquotes at the start of a line, then (after a line of text) the table it prints.

@@ -126,7 +126,7 @@ def _brute_force_hits(result: SimResult, capacity_pages: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("router", ["round-robin", "session-affinity"])
-def test_hit_rates_match_a_brute_force_lru(tmp_path: Path, router: str):
+def test_hit_rates_match_abrute_force_lru(tmp_path: Path, router: str):
     page = PRESETS["gemma-2-27b"].page_bytes(256)
     capacity = 60
     config = dataclasses.replace(SMALL, pool_bytes=capacity * page, router=router)

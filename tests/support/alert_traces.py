@@ -17,8 +17,8 @@ from unittest import mock
 from kvaudit.contract import EvictReason, Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
 from kvaudit.emit.emitter import Emitter, setup_emitter
 
-from .conftest import KV
 from .fleet import page
+from .pages import KV
 
 PAGES = 24  # above the 20-page minimum of the efficiency rules
 _NOW_NS = [1_700_000_000 * 10**9]

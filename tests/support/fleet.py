@@ -16,7 +16,7 @@ from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 
-from .conftest import KV, full_page
+from .pages import KV, full_page
 
 
 def page(key: str, index: int = 0, **changes: object) -> PageDescriptor:

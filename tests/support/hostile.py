@@ -20,7 +20,7 @@ from typing import Any
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import setup_emitter
 
-from .conftest import KV, full_page
+from .pages import KV, full_page
 
 LINES = 4  # good lines (one span of one page each) in every case's file
 LATEST_TIME = "2262-04-11T23:47:16.854775807Z"

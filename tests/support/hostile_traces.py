@@ -15,8 +15,8 @@ from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Emitter, exporter_for, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 
-from .conftest import KV
 from .fleet import page
+from .pages import KV
 
 # Closing markup with nothing open, styled text, the window title (OSC 0), a cleared screen, a bell.
 HOSTILE_REPLICA: Final = "[/]r9[bold red]red[/bold red]\x1b]0;pwned\x07\x1b[2J\u202e"

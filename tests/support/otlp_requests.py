@@ -19,7 +19,7 @@ from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import Emitter, replica_resource
 from kvaudit.emit.span_batcher import SpanBatcher
 
-from .conftest import KV, full_page
+from .pages import KV, full_page
 
 PROTOBUF = "application/x-protobuf"
 

@@ -18,7 +18,7 @@ from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit import emitter as emission
 from kvaudit.emit.emitter import Emitter, setup_emitter
 
-from .conftest import KV, full_page
+from .pages import KV, full_page
 
 START_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 PAGE_TOKENS = 32

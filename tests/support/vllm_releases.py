@@ -14,7 +14,8 @@ from pathlib import Path
 
 from kvaudit.hooks.vllm.version import first_releases
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT
+
 SIDE = ROOT / ".cache"
 RELEASES = first_releases()
 

@@ -4,66 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from msgspec.structs import replace
 
 from kvaudit.read.store import TraceStore
 from kvaudit.simulator.engine import GIB, SimConfig, simulate
-from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.screens.drill import DrillScreen
 from kvaudit.tui.screens.explain import ExplainScreen
 from kvaudit.tui.screens.lost_requests import LostRequestsScreen
-from kvaudit.tui.source import LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
 from kvaudit.tui.widgets.replica_table import ReplicaTable
 
-from .conftest import full_page
-from .tui_auditor import Planted, ScriptedAuditor
-from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
-
-BAD_KEY = "bad0" * 16
-PACKED, UNPACKED = "NB_NH_BS_2HS", "NB_2_BS_NH_HS"
-
-
-def planted_layout_mismatch() -> Planted:
-    return Planted(
-        key=BAD_KEY,
-        code="KVA004",
-        rule="store-fetch-mismatch",
-        severity="critical",
-        fields={"layout": {"fetched": UNPACKED, "stored": PACKED}},
-        message="fetched page layout differs from the stored one",
-        producer="r1",
-    )
-
-
-def live_app(trace_dir: Path, auditor: ScriptedAuditor | None) -> KvauditApp:
-    source = LiveSource(TraceStore([trace_dir], workers=1), auditor=auditor, audit_interval_s=0)
-    return KvauditApp(source, watching=str(trace_dir), interval_s=0.25)
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait for the app to catch up (it reads in a worker thread)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("the app did not get there in time")
-        await asyncio.sleep(0.05)
-
-
-def replicas_shown(app: KvauditApp) -> list[str]:
-    table = app.query_one(ReplicaTable)
-    return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
-
-
-def plant_bad_fetch(fleet: Fleet) -> None:
-    fleet.store("r1", "bad-t1", [BAD_KEY])
-    fleet.clock.advance(0.5)
-    misread = replace(full_page(BAD_KEY, 0, used=True), layout=UNPACKED)
-    fleet.fetch("r2", "bad-t2", [misread], requested_pages=1)
+from ..support.tui_app import (
+    PACKED,
+    UNPACKED,
+    live_app,
+    plant_bad_fetch,
+    planted_layout_mismatch,
+    replicas_shown,
+)
+from ..support.tui_auditor import ScriptedAuditor
+from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.waiting import until
 
 
 def test_rows_appear_as_the_files_grow(fleet: Fleet, trace_dir: Path):

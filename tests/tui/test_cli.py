@@ -17,9 +17,10 @@ from kvaudit.receive.trace_sink import TraceSink
 from kvaudit.tui.app import KvauditApp
 from kvaudit.tui.source import LiveSource
 
-from .conftest import KV, full_page
-from .test_tui_app import PACKED, UNPACKED, plant_bad_fetch, replicas_shown, until
-from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.pages import KV, full_page
+from ..support.tui_app import PACKED, UNPACKED, plant_bad_fetch, replicas_shown
+from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.waiting import until
 
 RULES = """\
 groups:

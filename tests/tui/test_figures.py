@@ -10,8 +10,8 @@ from kvaudit.read.store import TraceStore
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import window_named
 
-from .conftest import full_page
-from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.pages import full_page
+from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
 
 
 def test_replica_and_reuse_figures(fleet: Fleet, trace_dir: Path):

@@ -21,10 +21,11 @@ from kvaudit.tui.screens.drill import DrillScreen
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
 
-from .conftest import full_page
-from .test_tui_app import plant_bad_fetch, planted_layout_mismatch, until
-from .tui_auditor import Planted, ScriptedAuditor
-from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.pages import full_page
+from ..support.tui_app import plant_bad_fetch, planted_layout_mismatch
+from ..support.tui_auditor import Planted, ScriptedAuditor
+from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.waiting import until
 
 SIZE = (150, 40)
 REJECTED_KEY = "7e57" * 16

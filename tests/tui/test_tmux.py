@@ -6,9 +6,9 @@ import sys
 import time
 from pathlib import Path
 
-from .test_tui_app import PACKED, UNPACKED, plant_bad_fetch
-from .tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
-from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
+from ..support.tui_app import PACKED, UNPACKED, plant_bad_fetch
+from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
 
 pytestmark = needs_tmux
 

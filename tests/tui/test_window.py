@@ -33,9 +33,10 @@ from kvaudit.tui.widgets.replica_table import ReplicaTable
 from kvaudit.tui.widgets.sortable_table import Column, SortableTable
 from kvaudit.tui.window import window_named
 
-from .test_tui_app import PACKED, UNPACKED, live_app, plant_bad_fetch, planted_layout_mismatch, until
-from .tui_auditor import ScriptedAuditor
-from .tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.tui_app import PACKED, UNPACKED, live_app, plant_bad_fetch, planted_layout_mismatch
+from ..support.tui_auditor import ScriptedAuditor
+from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.waiting import until
 
 SMALL = (80, 24)
 

@@ -28,12 +28,13 @@ torch = pytest.importorskip("torch")
 from kvaudit.contract import REQUIRED_ON_FETCH, REQUIRED_ON_STORE, Op, PageDescriptor, Res  # noqa: E402
 from kvaudit.read.store import TraceStore  # noqa: E402
 
-from .servers import free_port, serving  # noqa: E402
+from ...support import SUPPORT  # noqa: E402
+from ...support.servers import free_port, serving  # noqa: E402
 
 # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
 
-REPLICA_SCRIPT = Path(__file__).with_name("lmcache_replica.py")
+REPLICA_SCRIPT = SUPPORT / "lmcache_replica.py"
 TOKENS = 1000  # LMCache stores full 256-token chunks only: 768 tokens, 3 pages
 STORED = 768
 ENV = {

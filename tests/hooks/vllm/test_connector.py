@@ -55,8 +55,9 @@ from kvaudit.contract import (
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
-from .servers import free_port, serving
-from .tiny_model import tiny_llama
+from ...support import SUPPORT
+from ...support.servers import free_port, serving
+from ...support.tiny_model import tiny_llama
 
 pytestmark = [
     pytest.mark.skipif(
@@ -67,7 +68,7 @@ pytestmark = [
     pytest.mark.timeout(1800),
 ]
 
-REPLICA_SCRIPT = Path(__file__).parent / "vllm" / "replica.py"
+REPLICA_SCRIPT = SUPPORT / "vllm" / "replica.py"
 MODEL_CONFIG = tiny_llama("bfloat16")
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(400)]
 BLOCK = 32

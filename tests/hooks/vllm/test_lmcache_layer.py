@@ -22,6 +22,8 @@ from kvaudit.hooks.lmcache.links import _MAX_LINKS, LazyPages, Link, Links
 from kvaudit.hooks.vllm.lmcache_layer import LayerSettings, LMCacheUnit, layer_export, name_sources
 from kvaudit.hooks.vllm.settings import AuditSettings, inner_transfer_config
 
+from ...support import ROOT
+
 # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
 SETTINGS = AuditSettings(wrap="LMCacheConnectorV1", replica="r1", export="file:traces/r1.jsonl")
@@ -73,7 +75,7 @@ def test_the_example_deployments_configuration_is_read_whole(tmp_path: Path, cap
 
     from kvaudit.hooks.vllm.lmcache_layer import wraps_lmcache
 
-    path = Path(__file__).parent.parent / "examples" / "reference_deployment.py"
+    path = ROOT / "examples" / "reference_deployment.py"
     spec = importlib.util.spec_from_file_location("reference_deployment", path)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)

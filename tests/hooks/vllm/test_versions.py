@@ -23,11 +23,12 @@ import pytest
 import zmq
 from packaging.version import Version
 
-from .kv_publisher import Publisher, drain, read_trace, subscribe
-from .tiny_model import tiny_llama
-from .vllm_releases import RELEASES, not_prepared, release_environment
+from ...support import SUPPORT
+from ...support.kv_publisher import Publisher, drain, read_trace, subscribe
+from ...support.tiny_model import tiny_llama
+from ...support.vllm_releases import RELEASES, not_prepared, release_environment
 
-PROBE = Path(__file__).parent / "vllm" / "conformance.py"
+PROBE = SUPPORT / "vllm" / "conformance.py"
 PROBE_TIMEOUT_S = 600
 # What the releases added to KVConnectorBase_V1 that a wrapper must pass through.
 ADDED = {
