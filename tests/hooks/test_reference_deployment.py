@@ -75,6 +75,7 @@ from ..support.servers import free_port, serving
 from ..support.tiny_model import tiny_llama, write_random_weights
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.skipif(
         find_spec("vllm") is None or find_spec("lmcache") is None,
         reason="vllm and lmcache are installed by scripts/install-vllm.sh and scripts/install-lmcache.sh",

@@ -217,6 +217,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     yield Run(prompts, a, b, c, joined_after)
 
 
+@pytest.mark.e2e
 def test_prompt_blocks_are_gpu_stores_with_vllms_block_hashes(run: Run):
     _, rows = run.store(run.a).query(
         "SELECT key, token_start, token_end, tier, hash_algo FROM pages"
@@ -234,6 +235,7 @@ def test_prompt_blocks_are_gpu_stores_with_vllms_block_hashes(run: Run):
     assert spans == [("vllm.kv_events", "vllm.prefix_cache", BLOCK)]
 
 
+@pytest.mark.e2e
 def test_prefix_cache_reset_is_an_eviction_of_the_cached_blocks(run: Run):
     _, rows = run.store(run.a).query(
         "SELECT p.key FROM pages p JOIN spans s USING (span_id) WHERE s.evict_reason = 'cleared'"
@@ -241,6 +243,7 @@ def test_prefix_cache_reset_is_an_eviction_of_the_cached_blocks(run: Run):
     assert sorted(key for (key,) in rows) == sorted(_vllm_block_hashes(run.prompts[0]))
 
 
+@pytest.mark.e2e
 def test_a_full_pool_evicts_the_oldest_blocks(run: Run):
     _, rows = run.store(run.a).query(
         "SELECT key, token_start FROM pages p JOIN spans s USING (span_id)"
@@ -253,6 +256,7 @@ def test_a_full_pool_evicts_the_oldest_blocks(run: Run):
     assert all(start is not None for _, start in rows)
 
 
+@pytest.mark.e2e
 def test_late_subscriber_recovers_missed_batches_by_replay(run: Run):
     assert (run.a.stats.gaps, run.a.stats.lost) == (0, 0)
     assert (run.b.stats.gaps, run.b.stats.lost, run.b.stats.replayed) == (1, 0, run.joined_after)
@@ -260,6 +264,7 @@ def test_late_subscriber_recovers_missed_batches_by_replay(run: Run):
     assert run.store(run.b).query(query)[1] == run.store(run.a).query(query)[1]
 
 
+@pytest.mark.e2e
 def test_late_subscriber_without_replay_reports_the_loss(run: Run):
     assert (run.c.stats.gaps, run.c.stats.lost) == (1, run.joined_after)
     store = run.store(run.c)
@@ -274,6 +279,7 @@ def _query(run: Run, name: str) -> list[tuple[Any, ...]]:
     return run.store(run.a).query(load(name))[1]
 
 
+@pytest.mark.e2e
 def test_evicted_before_next_use_are_the_blocks_p2_computed_again(run: Run):
     p2 = set(_vllm_block_hashes(run.prompts[1]))
     _, evicted = run.store(run.a).query("SELECT DISTINCT key FROM pages WHERE op = 'evict'")
@@ -283,6 +289,7 @@ def test_evicted_before_next_use_are_the_blocks_p2_computed_again(run: Run):
     assert {(row[2], row[9]) for row in rows} == {("gpu", "store")}
 
 
+@pytest.mark.e2e
 def test_hit_tier_of_p2_again_is_a_gpu_prefix_then_misses(run: Run):
     p2 = _vllm_block_hashes(run.prompts[1])
     rows = [row for row in _query(run, "evictions/hit_tier") if row[2] in p2]

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 from kvaudit.analyse.named_queries import load  # noqa: E402
 from kvaudit.read.store import TraceStore  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
 
 CHUNK = 256
 GEOMETRY = {"layers": 2, "kv_heads": 2, "head_size": 16}

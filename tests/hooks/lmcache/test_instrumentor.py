@@ -32,7 +32,7 @@ from ...support import SUPPORT  # noqa: E402
 from ...support.servers import free_port, serving  # noqa: E402
 
 # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
-pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
 
 REPLICA_SCRIPT = SUPPORT / "lmcache_replica.py"
 TOKENS = 1000  # LMCache stores full 256-token chunks only: 768 tokens, 3 pages

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from kvaudit.read.store import TraceStore  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
 
 PAGE_BYTES = 2 * 2 * 256 * 32 * 2
 

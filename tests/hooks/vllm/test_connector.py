@@ -259,6 +259,7 @@ def _descriptor(row: dict[str, Any]) -> PageDescriptor:
     return PageDescriptor(**fields)
 
 
+@pytest.mark.e2e
 def test_cross_replica_reuse_is_traced(fleet: Fleet, store: TraceStore) -> None:
     r1, r2 = fleet["r1"], fleet["r2"]
     assert r1.out["cached"] == 0
@@ -289,6 +290,7 @@ def test_cross_replica_reuse_is_traced(fleet: Fleet, store: TraceStore) -> None:
     assert {(consumer, producer) for consumer, producer, _ in rows} == {("r2", "r1")}
 
 
+@pytest.mark.e2e
 def test_kv_events_carry_the_block_hashes_the_hook_reports(fleet: Fleet, store: TraceStore) -> None:
     hook_keys = {row["key"] for row in _pages(store, "r1", "store")}
     events = open_store([str(fleet.base / "kv_events")])
@@ -301,6 +303,7 @@ def test_kv_events_carry_the_block_hashes_the_hook_reports(fleet: Fleet, store: 
     assert hook_keys <= {key for key, _, _ in rows}
 
 
+@pytest.mark.e2e
 def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
     columns, rows = store.query(
         "SELECT replica, op, request_id, outcome, tokens_requested, tokens_hit, tokens_local, pages, bytes "
@@ -318,6 +321,7 @@ def test_spans_relate_to_vllm_requests(store: TraceStore) -> None:
     assert spans["r1", "store"]["bytes"] == PAGES * 2 * BLOCK * 2 * 64 * 2
 
 
+@pytest.mark.e2e
 def test_spans_join_vllms_request_spans(store: TraceStore) -> None:
     from vllm.tracing.utils import SpanAttributes
 
@@ -335,6 +339,7 @@ def test_spans_join_vllms_request_spans(store: TraceStore) -> None:
     assert all(float(ttft) > 0 for _, _, ttft in rows)
 
 
+@pytest.mark.e2e
 def test_resource_carries_the_replica_kv_config(store: TraceStore) -> None:
     columns, rows = store.query("SELECT * FROM replicas WHERE replica = 'r2' AND rank IS NOT NULL")
     assert rows, "the worker process declares its rank"
@@ -345,6 +350,7 @@ def test_resource_carries_the_replica_kv_config(store: TraceStore) -> None:
     assert (replica["world_size"], replica["rank"], replica["hash_algo"]) == (1, 0, "sha256")
 
 
+@pytest.mark.e2e
 def test_wrapping_changes_nothing(fleet: Fleet) -> None:
     assert fleet["plain1"].result == fleet["r1"].result
     assert fleet["plain1"].after_reset == fleet["r1"].after_reset
@@ -359,6 +365,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
 
 
+@pytest.mark.e2e
 def test_fault_without_guard_is_used_silently(fleet: Fleet, store: TraceStore) -> None:
     baseline, faulty = fleet["r1"].out, fleet["fault2"].out
     assert faulty["cached"] == CACHED
@@ -378,6 +385,7 @@ def test_fault_without_guard_is_used_silently(fleet: Fleet, store: TraceStore) -
     assert all(row["address"] is not None and row["dtype"] == "float32" for row in stored)
 
 
+@pytest.mark.e2e
 def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceStore) -> None:
     baseline, guarded = fleet["r1"].out, fleet["guard2"].out
     assert guarded["finish"] == "length"
@@ -391,6 +399,7 @@ def test_guard_turns_faulty_pages_into_safe_misses(fleet: Fleet, store: TraceSto
     assert rows == [("rejected", 0)]
 
 
+@pytest.mark.e2e
 def test_a_request_not_recorded_is_still_guarded(fleet: Fleet, store: TraceStore) -> None:
     """With sample_rate 0 the guard still refuses the faulty pages, and no layer records the request."""
     baseline, sampled = fleet["r1"].out, fleet["sampled2"].out
@@ -416,6 +425,7 @@ def _attribute(resource: dict[str, Any], name: str) -> Any:
     return next(iter(value.values()))
 
 
+@pytest.mark.e2e
 def test_audit_reports_the_fault(store: TraceStore) -> None:
     findings = run_audit(store)
     by_replica: dict[str, set[tuple[str, str]]] = {}
@@ -426,6 +436,7 @@ def test_audit_reports_the_fault(store: TraceStore) -> None:
     assert {("KVA001", "warning"), ("KVA002", "warning")} <= by_replica["guard2"]
 
 
+@pytest.mark.e2e
 def test_explain_names_each_pages_cause(fleet: Fleet) -> None:
     """docs/design.md section 7 on real traces: the hook's, vLLM's own, and r1's KV events (its GPU cache)."""
     source = open_store([str(fleet.base / folder) for folder in ("traces", "vllm_traces", "kv_events")])

@@ -28,6 +28,9 @@ from ...support.kv_publisher import Publisher, drain, read_trace, subscribe
 from ...support.tiny_model import tiny_llama
 from ...support.vllm_releases import RELEASES, not_prepared, release_environment
 
+# Each release's own vLLM code runs in a subprocess of its own, minutes in all.
+pytestmark = pytest.mark.e2e
+
 PROBE = SUPPORT / "vllm" / "conformance.py"
 PROBE_TIMEOUT_S = 600
 # What the releases added to KVConnectorBase_V1 that a wrapper must pass through.
