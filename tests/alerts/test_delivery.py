@@ -15,7 +15,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from kvaudit.cli import main
 
 from ..support import alert_traces
 from ..support.servers import HangingServer, RecordingServer, free_port
+from ..support.waiting import wait_until
 
 T0 = 1_767_225_600.0
 
@@ -42,13 +42,6 @@ def _firing(n: int) -> AlertInstance:
     )  # fmt: skip
 
 
-def _wait(condition, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def test_a_hanging_alertmanager_holds_up_neither_evaluation_nor_other_notifiers():
     with HangingServer() as hanging:
         stdout = StreamNotifier(io.StringIO())
@@ -56,8 +49,8 @@ def test_a_hanging_alertmanager_holds_up_neither_evaluation_nor_other_notifiers(
         dispatcher = Dispatcher([am, stdout])
         alerts = [_firing(1)]
         dispatcher.dispatch(alerts, T0)  # returns at once: the POST is on the notifier's thread
-        _wait(lambda: hanging.accepted == 1)  # ... where it hangs
-        _wait(lambda: "FIRING Hot" in stdout.stream.getvalue())  # stdout heard it meanwhile
+        wait_until(lambda: hanging.accepted == 1, what="the Alertmanager accepted the request")  # ... where it hangs
+        wait_until(lambda: "FIRING Hot" in stdout.stream.getvalue(), what="stdout heard it")  # meanwhile
         for second in range(1, 4):  # the next evaluations queue nothing twice and wait for nothing
             dispatcher.dispatch(alerts, T0 + second)
         assert hanging.accepted == 1 and dispatcher.stats[am.name].undelivered == 1
@@ -116,7 +109,7 @@ def test_watch_keeps_its_interval_against_a_hanging_alertmanager(trace_dir: Path
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             critical = ("kvaudit_rule_evaluations_total", (("rule", "Critical"), ("rule_group", "g")))
-            _wait(lambda: _scrape(port).get(critical, 0) >= 5, timeout_s=60)
+            wait_until(lambda: _scrape(port).get(critical, 0) >= 5, what="five evaluations scraped")
             metrics = _scrape(port)
             assert hanging.accepted >= 1  # the first POST is still hanging
             assert metrics[("kvaudit_rule_health", (("rule", "Critical"), ("rule_group", "g")))] == 1

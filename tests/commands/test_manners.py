@@ -104,7 +104,7 @@ def test_the_report_reads_at_80_columns(upgrade: Path, terminal: Terminal):
     terminal.start(
         f"env -u COLUMNS -u LINES {KVAUDIT} report {upgrade}; echo REPORT-DONE; sleep 60", width=80, height=50
     )
-    terminal.wait_for("REPORT-DONE", timeout_s=120)
+    terminal.wait_for("REPORT-DONE")
     report = terminal.history()  # a line longer than the terminal would show whole
     assert max(len(line.rstrip()) for line in report) <= 80
     assert any(line.split()[:3] == ["r1", "│", "r2"] and "layout" in line for line in report)  # fields by name

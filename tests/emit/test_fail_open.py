@@ -40,6 +40,7 @@ from kvaudit.read.store import TraceStore
 
 from ..support.pages import full_page
 from ..support.servers import free_port
+from ..support.waiting import wait_until
 
 
 def _emit(emitter: Emitter, count: int, pages: int = 2) -> None:
@@ -270,10 +271,9 @@ def test_kill_9_of_a_file_writer_leaves_at_most_one_torn_line_named(trace_dir: P
     for _ in range(2):  # killed twice: the second writer ends the first one's fragment before appending
         writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
         assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
-        deadline = time.monotonic() + 30
         size = path.stat().st_size
-        while path.stat().st_size == size:  # kill it while it is writing
-            assert time.monotonic() < deadline
+        # Kill it while it is writing: looked at without a pause, to catch it in the middle.
+        wait_until(lambda size=size: path.stat().st_size != size, what="the writer wrote", interval=0)
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait()
     store = _read(trace_dir)

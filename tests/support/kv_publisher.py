@@ -8,7 +8,6 @@ kvaudit's own `KVEventSubscriber` into a trace file.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import zmq
@@ -17,6 +16,8 @@ from kvaudit.emit.emitter import Emitter, setup_emitter
 from kvaudit.kv_events.subscriber import KVEventSubscriber, Source
 from kvaudit.kv_events.wire import encode_seq
 from kvaudit.read.store import TraceStore
+
+from .waiting import wait_until
 
 
 class Publisher:
@@ -84,9 +85,13 @@ def subscribe(context: zmq.Context, publisher: Publisher, trace: Path) -> tuple[
 
 
 def drain(subscriber: KVEventSubscriber, batches: int) -> None:
-    deadline = time.monotonic() + 10
-    while subscriber.stats.batches < batches and time.monotonic() < deadline:
+    """Let `subscriber` handle what arrives until it has received `batches` batches."""
+
+    def received() -> bool:
         subscriber.poll(50)
+        return subscriber.stats.batches >= batches
+
+    wait_until(received, what=f"{batches} batches received", interval=0)
 
 
 def read_trace(trace: Path, emitters: dict[str, Emitter]) -> TraceStore:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,16 @@ class Replica:
     result: list[dict[str, Any]] = field(default_factory=list)
     log: str = ""
     seconds: float = 0.0
+
+    @property
+    def out(self) -> dict[str, Any]:
+        """What it printed of its first prompt."""
+        return self.result[0]
+
+    def printed(self, tag: str) -> Any:
+        """The JSON of the last line it printed as `tag <json>`; None where it printed none."""
+        lines = [line for line in self.log.splitlines() if line.startswith(f"{tag} ")]
+        return json.loads(lines[-1].removeprefix(f"{tag} ")) if lines else None
 
 
 def run(replica: Replica, logs: Path, env: Mapping[str, str], timeout_s: float) -> Replica:
@@ -46,10 +56,10 @@ def run(replica: Replica, logs: Path, env: Mapping[str, str], timeout_s: float) 
         )
     replica.seconds = time.monotonic() - started
     replica.log = log.read_text()
-    lines = [line for line in replica.log.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    result = replica.printed("RESULT")
+    if proc.returncode != 0 or result is None:
         raise AssertionError(f"replica {replica.name} failed (exit {proc.returncode}):\n{replica.log[-4000:]}")
-    replica.result = json.loads(lines[-1].removeprefix("RESULT "))
+    replica.result = result
     return replica
 
 
@@ -66,9 +76,8 @@ def run_all(
                 if len(running) < parallel:
                     pending.remove(replica)
                     running[replica.name] = pool.submit(run, replica, logs, env, timeout_s)
-            finished = [name for name, future in running.items() if future.done()]
-            for name in finished:
+            assert running, f"{[r.name for r in pending]} come after replicas that never run"
+            wait(running.values(), return_when=FIRST_COMPLETED)
+            for name in [name for name, future in running.items() if future.done()]:
                 done[name] = running.pop(name).result()
-            if not finished:
-                time.sleep(0.2)
     return done

@@ -7,12 +7,13 @@ import json
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .waiting import HANG_S, wait_until
 
 
 def free_port() -> int:
@@ -22,9 +23,28 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def accepts(port: int) -> bool:
+    """Whether something on 127.0.0.1:`port` accepts a connection now."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_listening(proc: subprocess.Popen[Any], port: int, what: str, timeout_s: float = HANG_S) -> None:
+    """Until `proc` accepts connections on 127.0.0.1:`port`.
+
+    Raises:
+        AssertionError: `what` exited first, or did not listen within `timeout_s` (a hang).
+    """
+    wait_until(lambda: proc.poll() is not None or accepts(port), timeout=timeout_s, what=f"{what} listening")
+    assert proc.poll() is None, f"{what} exited ({proc.returncode}) before it listened"
+
+
 @contextmanager
 def serving(
-    command: list[str], port: int, what: str, env: Mapping[str, str] | None = None, timeout_s: float = 60
+    command: list[str], port: int, what: str, env: Mapping[str, str] | None = None, timeout_s: float = HANG_S
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run `command` until the block ends, entering it once 127.0.0.1:`port` accepts connections.
 
@@ -33,15 +53,7 @@ def serving(
     """
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"{what} did not start") from None
-                time.sleep(0.2)
+        wait_listening(proc, port, what, timeout_s)
         yield proc
     finally:
         proc.terminate()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .waiting import wait_until
 
 needs_tmux = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux is not installed (scripts/install-tmux.sh installs it)"
@@ -46,22 +47,17 @@ class Terminal:
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "tui", *keys)
 
-    def wait_for(self, text: str, timeout_s: float = 20.0) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            screen = self.screen()
-            if text in screen:
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} never showed; the screen was:\n{screen}")
-            time.sleep(0.2)
+    def wait_for(self, text: str) -> str:
+        """The screen, once it shows `text`."""
 
-    def wait_until_gone(self, text: str, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while text in self.screen():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} stayed on the screen")
-            time.sleep(0.2)
+        def showing() -> str | None:
+            screen = self.screen()
+            return screen if text in screen else None
+
+        return wait_until(showing, what=f"{text!r} shown", interval=0.2)
+
+    def wait_until_gone(self, text: str) -> None:
+        wait_until(lambda: text not in self.screen(), what=f"{text!r} gone from the screen", interval=0.2)
 
     def running(self) -> bool:
         session = subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", "tui"], capture_output=True)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from ..support.tmux import Terminal, needs_tmux, terminal_fixture  # noqa: F401 - the fixture
 from ..support.tui_app import PACKED, UNPACKED, plant_bad_fetch
 from ..support.tui_fleet import Fleet, fleet_fixture  # noqa: F401 - the fixture
+from ..support.waiting import wait_until
 
 pytestmark = needs_tmux
 
@@ -43,10 +43,7 @@ def test_real_terminal(fleet: Fleet, trace_dir: Path, terminal: Terminal):
     assert "│ r3 " in screen and "│ r2 " not in screen
 
     terminal.keys("q")
-    deadline = time.monotonic() + 10
-    while terminal.running() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not terminal.running(), "q did not quit the app"
+    wait_until(lambda: not terminal.running(), what="q quit the app")
 
 
 def test_real_terminal_at_80x24(fleet: Fleet, trace_dir: Path, terminal: Terminal):
@@ -81,7 +78,4 @@ def test_real_terminal_at_80x24(fleet: Fleet, trace_dir: Path, terminal: Termina
     terminal.keys("Escape")
     terminal.wait_until_gone("pause or resume reading the traces")
     terminal.keys("q")
-    deadline = time.monotonic() + 10
-    while terminal.running() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not terminal.running(), "q did not quit the app"
+    wait_until(lambda: not terminal.running(), what="q quit the app")

@@ -10,7 +10,6 @@ what makes those evictions "before their next use"; `clear()` removes the rest.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,8 @@ torch = pytest.importorskip("torch")
 
 from kvaudit.analyse.named_queries import load  # noqa: E402
 from kvaudit.read.store import TraceStore  # noqa: E402
+
+from ...support.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
 
@@ -143,10 +144,7 @@ def test_uninstrument_restores_the_backends():
 def test_a_full_disk_evicts_for_capacity(tmp_path: Path):
     def stored(engine: Any, tokens: list[int]) -> None:
         # Disk writes finish in the background.
-        deadline = time.monotonic() + 30
-        while engine.lookup(tokens) < len(tokens):
-            assert time.monotonic() < deadline, "the disk backend did not take the pages"
-            time.sleep(0.05)
+        wait_until(lambda: engine.lookup(tokens) >= len(tokens), what="the disk backend took the pages")
 
     disk = {"local_cpu": False, "local_disk": str(tmp_path / "disk"), "max_local_disk_size": POOL_GB}
     with _hooked_engine(tmp_path, "evict-disk", **disk) as engine:

@@ -25,14 +25,10 @@ traces of the two pools never share a key.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -56,6 +52,7 @@ from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
 from ...support import SUPPORT
+from ...support.replica_processes import Replica, run_all
 from ...support.servers import free_port, serving
 from ...support.tiny_model import tiny_llama
 
@@ -79,21 +76,6 @@ MAX_PARALLEL = 2
 REPLICA_TIMEOUT_S = 900
 # One OpenMP thread per engine: two run at once on two cores.
 ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-
-
-@dataclass
-class Replica:
-    name: str
-    spec: dict[str, Any]
-    after: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    result: list[dict[str, Any]] = field(default_factory=list)
-    after_reset: list[dict[str, Any]] = field(default_factory=list)
-    log: str = ""
-
-    @property
-    def out(self) -> dict[str, Any]:
-        return self.result[0]
 
 
 def _transfer(
@@ -147,37 +129,15 @@ def _replicas(base: Path) -> list[Replica]:
     # r1/r2 load the wrapper by name (the vllm.general_plugins entry point), the
     # fault replicas by module path: both ways are exercised.
     return [
-        Replica("r1", reset_then_again(spec(_transfer(base, "example", "r1")))),
-        Replica("plain1", reset_then_again(spec(_transfer(base, "plain", None)))),
-        Replica("fault1", fault("fault1", dtype="float32")),
-        Replica("r2", spec(_transfer(base, "example", "r2")), after=("r1",)),
-        Replica("plain2", spec(_transfer(base, "plain", None)), after=("plain1",)),
-        Replica("fault2", fault("fault2"), after=("fault1",)),
-        Replica("guard2", fault("guard2", guard=True), after=("fault1",)),
-        Replica("sampled2", fault("sampled2", guard=True, sample_rate=0.0), after=("fault1",)),
+        Replica("r1", REPLICA_SCRIPT, reset_then_again(spec(_transfer(base, "example", "r1")))),
+        Replica("plain1", REPLICA_SCRIPT, reset_then_again(spec(_transfer(base, "plain", None)))),
+        Replica("fault1", REPLICA_SCRIPT, fault("fault1", dtype="float32")),
+        Replica("r2", REPLICA_SCRIPT, spec(_transfer(base, "example", "r2")), after=("r1",)),
+        Replica("plain2", REPLICA_SCRIPT, spec(_transfer(base, "plain", None)), after=("plain1",)),
+        Replica("fault2", REPLICA_SCRIPT, fault("fault2"), after=("fault1",)),
+        Replica("guard2", REPLICA_SCRIPT, fault("guard2", guard=True), after=("fault1",)),
+        Replica("sampled2", REPLICA_SCRIPT, fault("sampled2", guard=True, sample_rate=0.0), after=("fault1",)),
     ]
-
-
-def _run(replica: Replica, logs: Path) -> Replica:
-    env = os.environ | ENGINE_ENV | replica.env
-    log = logs / f"{replica.name}.log"
-    with log.open("w") as out:
-        proc = subprocess.run(
-            [sys.executable, str(REPLICA_SCRIPT), json.dumps(replica.spec)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            timeout=REPLICA_TIMEOUT_S,
-            check=False,
-        )
-    replica.log = log.read_text()
-    lines = [line for line in replica.log.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise AssertionError(f"replica {replica.name} failed (exit {proc.returncode}):\n{replica.log[-4000:]}")
-    replica.result = json.loads(lines[-1].removeprefix("RESULT "))
-    again = [line for line in replica.log.splitlines() if line.startswith("AFTER_RESET ")]
-    replica.after_reset = json.loads(again[-1].removeprefix("AFTER_RESET ")) if again else []
-    return replica
 
 
 @dataclass
@@ -207,8 +167,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     (base / "model" / "config.json").write_text(json.dumps(MODEL_CONFIG))
     (base / "logs").mkdir()
     pending = _replicas(base)
-    done: dict[str, Replica] = {}
-    running: dict[str, Future[Replica]] = {}
     # r1 also publishes vLLM's own KV events, which a second `kvaudit collect` turns into
     # GPU-tier stores: their keys must be the ones the connector hook reports.
     events_port = free_port()
@@ -216,7 +174,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     producer.spec["kv_events_endpoint"] = f"tcp://*:{events_port}"
     producer.env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}  # full hashes, not their low 64 bits
     events = _collector(base / "kv_events", "--kv-events", f"tcp://127.0.0.1:{events_port}", "--replica", "r1")
-    with _collector(base / "vllm_traces") as url, events, ThreadPoolExecutor(MAX_PARALLEL) as pool:
+    with _collector(base / "vllm_traces") as url, events:
         # r2 also sends vLLM's own `llm_request` spans, to relate them to kvaudit's.
         traced = next(r for r in pending if r.name == "r2")
         traced.spec["otlp_traces_endpoint"] = url
@@ -224,16 +182,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
             "OTEL_RESOURCE_ATTRIBUTES": f"{Res.REPLICA}=r2",
         }
-        while pending or running:
-            for replica in [r for r in pending if all(a in done for a in r.after)]:
-                if len(running) < MAX_PARALLEL:
-                    pending.remove(replica)
-                    running[replica.name] = pool.submit(_run, replica, base / "logs")
-            finished = [name for name, future in running.items() if future.done()]
-            for name in finished:
-                done[name] = running.pop(name).result()
-            if not finished:
-                time.sleep(0.2)
+        done = run_all(pending, base / "logs", ENGINE_ENV, parallel=MAX_PARALLEL, timeout_s=REPLICA_TIMEOUT_S)
     return Fleet(base, done)
 
 
@@ -353,8 +302,9 @@ def test_resource_carries_the_replica_kv_config(store: TraceStore) -> None:
 @pytest.mark.e2e
 def test_wrapping_changes_nothing(fleet: Fleet) -> None:
     assert fleet["plain1"].result == fleet["r1"].result
-    assert fleet["plain1"].after_reset == fleet["r1"].after_reset
-    assert [r["cached"] for r in fleet["r1"].after_reset] == [CACHED, CACHED]  # the connector's store, the GPU's
+    assert fleet["plain1"].printed("AFTER_RESET") == fleet["r1"].printed("AFTER_RESET")
+    # The connector's store, then the GPU's.
+    assert [r["cached"] for r in fleet["r1"].printed("AFTER_RESET")] == [CACHED, CACHED]
     assert fleet["plain2"].result == fleet["r2"].result
     kv = fleet.base / "kv"
     wrapped, plain = _tree(kv / "example"), _tree(kv / "plain")
