@@ -2,7 +2,7 @@
 holds evaluation up, deliveries go in batches of 64, a state file that cannot be read is set
 aside and one that cannot be written is a warning, and the state lives in a per-user directory.
 
-The peers are real local servers (tests/servers.py); the full disk is a file-size rlimit on
+The peers are real local servers (tests/support/servers.py); the full disk is a file-size rlimit on
 a real `kvaudit alerts watch` process.
 """
 

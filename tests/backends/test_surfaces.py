@@ -1,6 +1,6 @@
 """Every surface on every backend: `alerts eval`, the exporter and `tui --snapshot` on ClickHouse (chdb).
 
-The traces of `test_backends.write_fleet` go to DuckDB as trace files and to chdb as the
+The traces of `write_fleet` (tests/support/backend_fleet.py) go to DuckDB as trace files and to chdb as the
 Collector's ClickHouse exporter stores them (a `chdb:///DIR` database, with or without
 the typed tables of `kvaudit clickhouse setup`); each surface must
 give the same answers over both, except what the Collector's table does not keep (the

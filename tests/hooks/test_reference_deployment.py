@@ -42,7 +42,7 @@ guarded replica recomputes them and LMCache stores its own under the same keys,
 replacing the producer's (docs/design.md section 6.4).
 
 The model is the tiny Llama of the vLLM hook tests with seeded random weights large
-enough that a misread KV cache changes the greedy output (tests/tiny_model.py). The
+enough that a misread KV cache changes the greedy output (tests/support/tiny_model.py). The
 producer computes from scratch: its output is the no-cache baseline of the model; the
 split replicas' baseline is a request of `split` that no pool page can serve.
 """

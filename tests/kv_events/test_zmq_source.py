@@ -1,8 +1,8 @@
 """vLLM KV events as a source, against real ZMQ sockets speaking vLLM's wire format.
 
-The payloads here are written as vLLM's `msgspec` encoder writes a `KVEventBatch`
-(an array `[ts, events, dp_rank]` of `type`-tagged maps, checked against vLLM itself
-in test_kv_events_vllm.py); the replay server answers as vLLM's
+The payloads are written as vLLM's `msgspec` encoder writes a `KVEventBatch`
+(tests/support/kv_event_messages.py, checked against vLLM itself in
+tests/kv_events/test_vllm_engine.py); the replay server answers as vLLM's
 `ZmqEventPublisher._service_replay` does.
 """
 

@@ -150,7 +150,7 @@ def _readme_commands() -> Iterator[str]:
             if not command.startswith("kvaudit ") or any(part in command for part in _SERVING_OR_REMOTE):
                 continue
             if command.startswith("kvaudit tui") and "--snapshot" not in command:
-                continue  # the live view: tests/test_tui_tmux.py runs it in a terminal
+                continue  # the live view: tests/tui/test_tmux.py runs it in a terminal
             yield command
 
 

@@ -1,4 +1,4 @@
-"""The HTML report as an operator sees it: loaded in headless Chromium (tests/chromium.py).
+"""The HTML report as an operator sees it: loaded in headless Chromium (tests/support/chromium.py).
 
 Over simulated fault traces (`kvaudit simulate --fault raw-ptr`): the page loads with no
 console error, every chart is drawn with data, the headline says what `kvaudit sql` and

@@ -2,7 +2,7 @@
 reason` row of `read_errors`, every other line is kept, and every command that reads
 traces works on a directory holding such lines (the regressions of issue 17).
 
-The corpus is `tests/hostile.py`; hypothesis adds random byte-level corruption of good
+The corpus is `tests/support/hostile.py`; hypothesis adds random byte-level corruption of good
 files and random valid-OTLP-but-hostile values.
 """
 

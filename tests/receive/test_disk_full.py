@@ -1,6 +1,6 @@
 """A full disk under the receiver and under the emitter's file exporter: nothing acknowledged lost, no merged lines.
 
-Each case runs tests/disk_full_scenario.py in its own process, on a real 2 MiB tmpfs
+Each case runs tests/support/disk_full_scenario.py in its own process, on a real 2 MiB tmpfs
 (mounted in a user and mount namespace with `unshare`; skipped where that is not
 allowed) and under a file-size limit (RLIMIT_FSIZE, EFBIG: runs anywhere).
 """
@@ -68,6 +68,6 @@ def test_file_exporter_on_a_full_disk_keeps_lines_whole_and_the_loss_reaches_kva
     assert at_end["fetches"] + result["dropped"] >= result["operations"]
     # The loss reached the trace: the telemetry span goes after the failed export, alone, and
     # a line that small fits once the failed one is cut back (else stderr has the counts,
-    # test_emission.py::test_a_failing_exporter_is_counted_and_reported_as_telemetry).
+    # tests/emit/test_emitter.py::test_a_failing_exporter_is_counted_and_reported_as_telemetry).
     assert any(f"emitter reported {result['dropped']} dropped spans" in message for message in at_end["kva007"])
     assert "exporting spans failed" in stderr

@@ -1,8 +1,8 @@
 """Which requests the hooks record (`kvaudit.sampling`, docs/design.md section 3.10).
 
 The hooks' own behaviour under a sample rate runs against the real engines:
-tests/test_lmcache_hook.py (LMCache alone), tests/test_vllm_hook.py (vLLM around the
-fault connector, with the guard), tests/test_seed_topology.py (vLLM around LMCache's
+tests/hooks/lmcache/test_instrumentor.py (LMCache alone), tests/hooks/vllm/test_connector.py (vLLM around the
+fault connector, with the guard), tests/hooks/test_reference_deployment.py (vLLM around LMCache's
 connector, with the guard).
 """
 

@@ -1,6 +1,6 @@
-"""A disk filling up under kvaudit's writers, run as its own process by tests/test_disk_full.py.
+"""A disk filling up under kvaudit's writers, run as its own process by tests/receive/test_disk_full.py.
 
-    python tests/disk_full_scenario.py DIR (tmpfs|rlimit) (receiver|emitter)
+    python tests/support/disk_full_scenario.py DIR (tmpfs|rlimit) (receiver|emitter)
 
 `tmpfs`: DIR is a small tmpfs (the test mounts it in a user and mount namespace); a
 filler file takes part of it, and deleting the filler is space returning. `rlimit`: a

@@ -1,6 +1,6 @@
 """One replica of the LMCache hook tests, run as its own OS process.
 
-    python tests/lmcache_replica.py '{"replica": "r1", "role": "store", "pools": [{"url": "lm://..."}], ...}'
+    python tests/support/lmcache_replica.py '{"replica": "r1", "role": "store", "pools": [{"url": "lm://..."}], ...}'
 
 For each pool it builds a real `LMCacheEngine` (the CPU copy connector stands in for
 the CUDA kernel only) and either stores one token sequence, or looks it up and

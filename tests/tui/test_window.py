@@ -1,6 +1,6 @@
 """Every panel answers for the window it shows; what is not known yet says so; 80x24 is usable.
 
-Driven by Textual's pilot over trace files the deterministic fleet writes (tests/tui_fleet.py).
+Driven by Textual's pilot over trace files the deterministic fleet writes (tests/support/tui_fleet.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The LMCache hook against real LMCache 0.5.6: real engines in separate OS processes,
 sharing LMCache's own `lm://` server on 127.0.0.1 or an `fs://` directory.
 
-The replicas run `tests/lmcache_replica.py`; their engines copy KV with the CPU copy
+The replicas run `tests/support/lmcache_replica.py`; their engines copy KV with the CPU copy
 connector of `kvaudit.hooks.lmcache.testing`, which stands in for LMCache's CUDA copy
 kernel only. What the hooks recorded is read back through the `pages`, `spans` and
 `replicas` views of `kvaudit.store`.

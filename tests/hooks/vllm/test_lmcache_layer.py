@@ -1,6 +1,6 @@
 """The pieces that join the vLLM layer to the LMCache layer in one worker (docs/design.md section 6.4).
 
-The whole path runs in tests/test_seed_topology.py on real engines; these are the
+The whole path runs in tests/hooks/test_reference_deployment.py on real engines; these are the
 rules it rests on, each alone: where the LMCache layer's traces go, which chunk a block
 names, and how LMCache's hooks find the vLLM operation they run under.
 """

