@@ -104,9 +104,15 @@ def chdb(traces: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         backend.close()
 
 
-@pytest.fixture(params=["trace files", "parquet", "chdb-views", "chdb-typed"])
-def backend(request, duck, parquet, chdb):
-    return {"trace files": duck, "parquet": parquet, **chdb}[request.param]
+# chdb is the slow engine here: its runs are `slow`, and its database is made only for them.
+CHDB = ("chdb-views", "chdb-typed")
+
+
+@pytest.fixture(params=["trace files", "parquet", *(pytest.param(n, marks=pytest.mark.slow) for n in CHDB)])
+def backend(request, duck, parquet):
+    if request.param.startswith("chdb"):
+        return request.getfixturevalue("chdb")[request.param]
+    return {"trace files": duck, "parquet": parquet}[request.param]
 
 
 def _without_origin(findings: list[Finding]) -> list[Finding]:

@@ -135,6 +135,7 @@ def test_reuse_left_has_the_simulators_hit_and_achievable_rates(runs, mode: str)
     assert summaries["all"].achievable > summaries["all"].hit
 
 
+@pytest.mark.slow
 def test_clickhouse_explains_as_duckdb_does(runs):
     result, store = runs("round-robin", "guard-and-faults")
     clickhouse = ClickHouseBackend(ChdbConnection())

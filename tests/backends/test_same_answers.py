@@ -35,6 +35,8 @@ from kvaudit.read.open import open_store
 
 from ..support.backend_fleet import answers, named_queries, write_fleet
 
+pytestmark = pytest.mark.slow  # every query on DuckDB and twice on chdb
+
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -25,6 +25,8 @@ from kvaudit.commands.metrics_server import serve
 
 from ..support.backend_fleet import NOT_IN_CLICKHOUSE, write_fleet
 
+pytestmark = pytest.mark.slow  # every surface on chdb
+
 
 @pytest.fixture(scope="module", params=["views", "typed"])
 def sources(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:

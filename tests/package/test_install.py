@@ -26,6 +26,8 @@ import pytest
 
 from ..support import ROOT
 
+pytestmark = pytest.mark.slow  # builds the wheel and installs it in new environments
+
 # What only the analysis side needs: none of it may load to parse a command line, and
 # none of it may come with the plain install.
 ANALYSIS = ("numba", "llvmlite", "duckdb", "pyarrow", "chdb", "plotly", "textual", "numpy", "pandas", "sqlglot")

@@ -13,7 +13,6 @@ import os
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -218,14 +217,14 @@ def test_concurrent_large_gzip_bodies_stay_within_the_budget(make_receiver: Make
     assert need < limit < 8 * need  # one fits, eight at once do not
     statuses: list[int] = []
 
+    def accepted() -> bool:
+        status, _, _ = post(_port(server), body, {"Content-Encoding": "gzip"})
+        statuses.append(status)
+        return status != 503
+
     def send() -> None:
         # Retry 503s as an OTLP exporter does, until accepted.
-        for _ in range(200):
-            status, _, _ = post(_port(server), body, {"Content-Encoding": "gzip"})
-            statuses.append(status)
-            if status != 503:
-                return
-            time.sleep(0.05)
+        wait_until(accepted, what="the request accepted", interval=0.05)
 
     threads = [threading.Thread(target=send) for _ in range(8)]
     for thread in threads:

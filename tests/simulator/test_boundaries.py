@@ -77,6 +77,7 @@ def _docs() -> dict[str, str]:
     return {BOUNDARIES.name: BOUNDARIES.read_text(), README_SECTION: readme}
 
 
+@pytest.mark.slow  # runs every command the docs name
 def test_every_number_in_the_docs_is_printed_by_the_command_they_name():
     printed: dict[str, str] = {}
     for name, text in _docs().items():
