@@ -1,4 +1,5 @@
 # make demo: the main job end to end.  make test: lint and the whole test suite.
+# make test-fast: the inner loop, all but the tests marked e2e (engines) or slow.
 # make bench: the benchmarks.  Everything runs in .venv, created here if missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ INSTALLED := $(VENV)/.kvaudit-installed
 ENGINES := $(VENV)/.kvaudit-engines
 ENGINE_SCRIPTS := $(sort $(wildcard scripts/install-*.sh))
 
-.PHONY: demo test bench lint install engines side-vllm clean
+.PHONY: demo test test-fast bench lint install engines side-vllm clean
 
 install: $(INSTALLED)
 
@@ -36,6 +37,9 @@ lint: $(INSTALLED)
 
 test: $(INSTALLED) $(ENGINES) side-vllm lint
 	$(PY) -m pytest -q --durations=25
+
+test-fast: $(INSTALLED) lint
+	$(PY) -m pytest -q -m "not e2e and not slow" --durations=10
 
 bench: $(INSTALLED) $(ENGINES)
 	$(PY) -m bench

@@ -3,7 +3,7 @@
 Each `bench_<name>.py` module has a `main() -> None` that measures its figures and
 their baselines side by side in the same run and prints them with their ratios.
 `--smoke` runs them at their smallest sizes (`bench.common.sized`), only to show that
-they still run: tests/test_bench_smoke.py.
+they still run: tests/package/test_bench_smoke.py.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from bench.common import KV, PAGE_BYTES, Receiver, best_of, env_int, free_port, machine, page, report, sized
+from bench.common import KV, PAGE_BYTES, Receiver, best_of, env_int, machine, page, report, sized
 from kvaudit.contract import EVENT_PAGE, Hook, Op, Outcome, SpanAttr
 from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.file_exporter import OTLPJsonFileExporter
@@ -46,6 +46,7 @@ from kvaudit.emit.setup import replica_resource, setup_emitter
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode_protobuf import spans_to_request
 from kvaudit.simulator.model import CostModel
+from tests.support.servers import free_port
 
 PAGES_PER_SPAN = 128
 REPEATS = sized(3, 1)

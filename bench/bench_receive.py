@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bench.common import KV, Receiver, env_int, free_port, machine, page, report, sized
+from bench.common import KV, Receiver, env_int, machine, page, report, sized
 from kvaudit.contract import Hook, Op, Outcome
 from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.line_file import LineFile
@@ -42,6 +42,7 @@ from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.otlp.encode import proto_to_line
 from kvaudit.receive.memory_budget import DECODE_BYTES_PER_BODY_BYTE
 from kvaudit.receive.otlp_http import ReceiverLimits
+from tests.support.servers import free_port
 
 CLIENTS = 32
 SPANS_PER_REQUEST = 128

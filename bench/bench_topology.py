@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,8 +53,11 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.common import free_port, machine, sized
+from bench.common import machine, sized
 from kvaudit.simulator.model import CostModel
+from tests.support.servers import accepts, free_port
+from tests.support.tiny_model import TINY_LLAMA
+from tests.support.waiting import wait_until
 
 # Requests measured a deployment. One at a time, 32: each request's hooks vary from one to
 # the next, and a mean over a few would move from run to run. 8 where the requests come
@@ -94,23 +96,14 @@ BY_LENGTH = ("32 layers (Llama-3-8B's KV geometry)", "32 layers, prompts of 4,09
 # recorded and not, and the share of requests a sample may record for the goal (`_by_sample_rate`).
 BY_SAMPLE_RATE = ("32 layers (Llama-3-8B's KV geometry)", "32 layers, no request recorded (sample_rate 0)")
 MODEL = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+    **TINY_LLAMA,
     "hidden_size": 1024,
     "intermediate_size": 512,
     "num_hidden_layers": 4,
     "num_attention_heads": 8,
     "num_key_value_heads": 8,
     "head_dim": 128,
-    "hidden_act": "silu",
     "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 10000.0,
-    "vocab_size": 1024,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
 }
 ENV = {"LMCACHE_TRACK_USAGE": "false", "PYTHONHASHSEED": "0"}
 # vLLM's CPU build, on this project's 2-core machine.
@@ -204,18 +197,6 @@ def _run(name: str, spec: dict[str, Any], root: Path, device_env: dict[str, str]
         figures["scheduler"] = json.loads(scheduler.read_text())
     figures["cached"] = int(next(line for line in proc.stdout.splitlines() if line.startswith("CACHED")).split()[1])
     return figures
-
-
-def _wait_listening(port: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def _since_warm_up(totals: dict[str, float], first: dict[str, float]) -> defaultdict[str, float]:
@@ -436,7 +417,7 @@ def _measure(
             stderr=subprocess.DEVNULL,
         )
         try:
-            _wait_listening(port)
+            wait_until(lambda: accepts(port), timeout=60, what="LMCache's server listening", interval=0.2)
             url = f"lm://127.0.0.1:{port}"
             model = str(root / "model")
             figures = {}

@@ -16,6 +16,7 @@ the background exporter's CPU is reported beside them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -27,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.common import sized
+from tests.support.tiny_model import tiny_llama
 
 # CPU time of the serving thread: the machine is shared, and wall time would count
 # the time other processes held the cores.
@@ -35,13 +37,6 @@ REQUESTS = sized(200, 4)
 ROUNDS = sized(2, 1)
 PROMPTS = (208, 976)  # 6 and 30 pages of 32 tokens (ExampleConnector leaves the last token)
 BLOCK = 32
-MODEL_CONFIG = (
-    '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, '
-    '"intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
-    '"head_dim": 32, "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, '
-    '"rope_theta": 10000.0, "vocab_size": 1024, "bos_token_id": 1, "eos_token_id": 2, '
-    '"tie_word_embeddings": false, "torch_dtype": "bfloat16"}'
-)
 
 
 def pages_of(prompt_tokens: int) -> int:
@@ -242,7 +237,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "model").mkdir()
-        (root / "model" / "config.json").write_text(MODEL_CONFIG)
+        (root / "model" / "config.json").write_text(json.dumps(tiny_llama("bfloat16")))
         audit = {"wrap": "ExampleConnector", "replica": "bench", "export": f"file:{root}/traces/bench.jsonl"}
         plain_config = _config(root / "model", root / "plain", None)
         wrapped_config = _config(root / "model", root / "wrapped", audit)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -82,12 +81,6 @@ def machine() -> str:
 
 def report(rows: Sequence[Sequence[object]]) -> None:
     write_rows(["measure", "kvaudit", "baseline", "ratio", "goal"], rows)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Receiver:

@@ -26,25 +26,9 @@ from pathlib import Path
 from typing import Any
 
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(600)]
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "hidden_act": "silu",
-    "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 10000.0,
-    "vocab_size": 1024,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+# A tiny Llama with random weights (vLLM's `load_format="dummy"`): no download. The tests
+# and benchmarks run the same model.
+TINY_LLAMA = json.loads(Path(__file__).with_name("tiny_llama.json").read_text())
 ENV = {"OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1", "LMCACHE_TRACK_USAGE": "false", "PYTHONHASHSEED": "0"}
 
 

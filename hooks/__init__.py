@@ -2,5 +2,5 @@
 
 It imports only kvaudit's contract and `kvaudit.emit`, OpenTelemetry, msgspec and the
 engine it sits in: never DuckDB, Arrow, numpy, numba, Rich or Textual
-(tests/test_import_boundaries.py holds it to that).
+(tests/package/test_import_boundaries.py holds it to that).
 """

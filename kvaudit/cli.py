@@ -3,7 +3,7 @@
 Each command module exposes `register(subparsers)`, which adds its parser and sets
 `run` (a callable taking the parsed arguments and returning an exit status). A command
 module imports what its command runs inside `run`: parsing (`kvaudit --help`) loads no
-query engine, and works on the serving-side install (tests/test_install.py holds both). What the
+query engine, and works on the serving-side install (tests/package/test_install.py holds both). What the
 statuses mean is `kvaudit.commands.exit_status` (docs/operations.md, "Exit codes"),
 told apart by the exception's type (`kvaudit.errors`): bad input (`InputError`, or a
 library that a command needs and the install lacks, with the extra that brings it) is

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM hook on the real CUDA vLLM of each supported release, on a machine with an
-# NVIDIA GPU: what the CPU tests check (tests/test_vllm_hook.py, tests/test_vllm_versions.py),
+# NVIDIA GPU: what the CPU tests check (tests/hooks/vllm/test_connector.py, tests/hooks/vllm/test_versions.py),
 # with ExampleConnector and LMCacheConnectorV1 inside KVAuditConnector, and sleep mode.
 # Usage: scripts/gpu-vllm-versions.sh PYTHON [DIR]
 #

@@ -6,20 +6,20 @@ Run by scripts/gpu-vllm-versions.sh once per supported release, in an environmen
 holding that CUDA vLLM, kvaudit and (if it installs) LMCache. Written for a machine
 with an NVIDIA GPU; see that script for what has been run.
 
-Each replica is a fresh engine in its own process (tests/vllm/replica.py, the CPU
-tests' replica), the tiny random-weight model of the CPU tests (tests/tiny_model.py),
+Each replica is a fresh engine in its own process (tests/support/vllm/replica.py, the CPU
+tests' replica), the tiny random-weight model of the CPU tests (tests/support/tiny_model.py),
 greedy, one after another on the one GPU. Per inner connector, a producer and a
 consumer sharing a store, wrapped in KVAuditConnector, and the same pair unwrapped:
 
 - ExampleConnector: the wrapped pair's outputs and cache hits are the unwrapped
   pair's and its files the same bytes; the consumer's fetched pages are the producer's
   stored ones, each with every field a fetch must carry, used; the audit finds
-  nothing (tests/test_vllm_hook.py on the CPU).
+  nothing (tests/hooks/vllm/test_connector.py on the CPU).
 - LMCacheConnectorV1 (an LMCache server between the replicas): outputs and cache hits
   as unwrapped, a traced lookup and fetch on the consumer at the vLLM layer, and the
   LMCache layer the hook installs in the worker (docs/design.md section 6.4): its
   fetched chunks traced, every fetched vLLM block joined to the chunk that served it,
-  and no finding in the audit of both layers (tests/test_seed_topology.py on the CPU).
+  and no finding in the audit of both layers (tests/hooks/test_reference_deployment.py on the CPU).
 - Since vLLM 0.33, sleep mode: an engine with `enable_sleep_mode` and the wrapper
   starts (vLLM asks the wrapped class whether it supports sleep mode), sleeps, wakes
   (unregister/restore_kv_caches forwarded) and generates what it did before.
@@ -45,14 +45,14 @@ from typing import Any
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
-REPLICA = ROOT / "tests" / "vllm" / "replica.py"
-sys.path.insert(0, str(ROOT / "tests"))
-
-from tiny_model import tiny_llama  # noqa: E402  (the CPU tests' model)
+REPLICA = ROOT / "tests" / "support" / "vllm" / "replica.py"
+sys.path.insert(0, str(ROOT))
 
 from kvaudit.analyse.audit import run_audit  # noqa: E402
 from kvaudit.contract import REQUIRED_ON_FETCH, Hook  # noqa: E402
 from kvaudit.read.open import open_store  # noqa: E402
+from tests.support.servers import free_port  # noqa: E402
+from tests.support.tiny_model import tiny_llama  # noqa: E402  (the CPU tests' model)
 
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(400)]  # the CPU tests' prompt
 BLOCK = 32
@@ -199,12 +199,6 @@ def example_connector(checks: Checks, out: Path) -> None:
     finally:
         store.close()
     checks.check(case, "audit findings", [], findings)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chromium, for the test that loads the HTML report in a headless browser (tests/test_report_browser.py).
+# Chromium, for the test that loads the HTML report in a headless browser (tests/present/test_report_browser.py).
 # Without it that test is skipped, so a machine where it cannot be installed still tests.
 set -u
 command -v chromium >/dev/null && exit 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DuckDB 1.4 (its long-term release) in an environment of its own beside .venv, for the
-# test that it opens what `kvaudit ingest` writes (tests/test_install.py). Without it that
+# test that it opens what `kvaudit ingest` writes (tests/package/test_install.py). Without it that
 # test is skipped, so a machine that cannot install it still tests.
 # Usage: scripts/install-duckdb-1.4.sh PYTHON
 set -u

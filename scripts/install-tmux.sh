@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tmux, for the test that runs `kvaudit tui` in a real terminal (tests/test_tui_tmux.py).
+# tmux, for the test that runs `kvaudit tui` in a real terminal (tests/tui/test_tmux.py).
 # Without it that test is skipped, so a machine where it cannot be installed still tests.
 set -u
 command -v tmux >/dev/null && exit 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python modules of each supported vLLM release that has no CPU build, without its
-# engine, for the vLLM hook's conformance tests (tests/test_vllm_versions.py).
+# engine, for the vLLM hook's conformance tests (tests/hooks/vllm/test_versions.py).
 # Usage: scripts/side-vllm.sh PYTHON [DIR]   (DIR: .cache by default)
 #
 # The releases are the first of each minor version in the hook's supported range

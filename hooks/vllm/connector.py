@@ -20,7 +20,7 @@ How it is built, for those who build on it:
   instance, class-level hooks to its class with the inner configuration, and
   `kv_cache_access` through vLLM's factory (its `LMCacheMPConnector` special case).
   Nothing is forwarded by hand, so a member a vLLM release adds is forwarded too;
-  tests/test_vllm_versions.py checks each member of each supported release.
+  tests/hooks/vllm/test_versions.py checks each member of each supported release.
 - What depends on the vLLM release is read where it is used: the supported range in
   `version`, the scheduler output in `plans.full_block_tables`.
 - What a fetched page is, is read from the inner connector's objects by `inner_formats`.

@@ -24,7 +24,7 @@ vLLM:
 The decorated class must set `self._inner` (the wrapped connector) before anything
 calls a forwarder. A public member of any other kind (a plain class attribute, a static
 method) cannot be forwarded both on the class and on its instances: it is listed in the
-class's `UNFORWARDED` and logged once, and tests/test_vllm_versions.py fails on it.
+class's `UNFORWARDED` and logged once, and tests/hooks/vllm/test_versions.py fails on it.
 """
 
 from __future__ import annotations

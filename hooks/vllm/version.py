@@ -4,7 +4,7 @@ The wrapper forwards vLLM's V1 connector interface as the running release define
 (see `delegation`), but it also reads engine internals whose meaning changes between
 releases (`yield_req_data`, the scheduler output, ExampleConnector's file naming). So
 each release is supported on purpose, after its conformance tests pass
-(tests/test_vllm_versions.py): on any other version the hook refuses with one log line
+(tests/hooks/vllm/test_versions.py): on any other version the hook refuses with one log line
 instead of failing somewhere deep inside the engine. `kvaudit doctor` reports the same
 answer.
 """

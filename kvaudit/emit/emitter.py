@@ -388,6 +388,10 @@ class Emitter:
         self._reported: tuple[int, int, int, int] | None = None if sampled else (0, 0, 0, 0)
         self._next_report_ns = 0
         self._random = random.Random()
+        if sampled:
+            # At once, not at exit: a process ended before its exit handlers run (vLLM kills
+            # a worker that is slow to stop) is still declared.
+            self._report_telemetry(force=True)
 
     @property
     def replica(self) -> str:
