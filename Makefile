@@ -1,5 +1,5 @@
 # make demo: the main job end to end.  make test: lint and the whole test suite.
-# make test-fast: the inner loop, all but the tests marked e2e (engines) or slow.
+# make test-fast: the inner loop, all but the tests marked e2e (engines) or slow, on both cores.
 # make bench: the benchmarks.  Everything runs in .venv, created here if missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -39,7 +39,7 @@ test: $(INSTALLED) $(ENGINES) side-vllm lint
 	$(PY) -m pytest -q --durations=25
 
 test-fast: $(INSTALLED) lint
-	$(PY) -m pytest -q -m "not e2e and not slow" --durations=10
+	$(PY) -m pytest -q -m "not e2e and not slow" -n 2 --durations=10
 
 bench: $(INSTALLED) $(ENGINES)
 	$(PY) -m bench
