@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from kvaudit.commands.arguments import add_input_arguments, command_parser, duration, open_backend, require_spans
 from kvaudit.commands.audit import exit_status
-from kvaudit.errors import user_files
+from kvaudit.errors import InputError, user_files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,9 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvaudit.present.report import gather, print_report, report_json
-    from kvaudit.present.report_html import write_html
     from kvaudit.present.rows import json_line
 
+    if args.html:
+        # plotly only for the HTML file, and its path checked before the traces are read:
+        # a report that cannot be written fails at once, not after printing the rest.
+        from kvaudit.present.report_html import write_html
+
+        writable_file(args.html)
     with open_backend(args.backend, args.paths) as backend:
         require_spans(backend)
         report = gather(backend, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)
@@ -55,3 +62,15 @@ def run(args: argparse.Namespace) -> int:
             write_html(report, args.html, title=f"kvaudit report: {' '.join(args.paths) or args.backend}")
         print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
     return exit_status(report.findings)
+
+
+def writable_file(path: str) -> None:
+    """Refuse, as bad input, a file path that could not be written: its folder missing or not writable, or a folder."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise InputError(f"{path}: Is a directory")
+    if not folder.is_dir():
+        raise InputError(f"{path}: No such directory: {folder}")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(f"{path}: Permission denied")

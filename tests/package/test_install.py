@@ -67,6 +67,18 @@ def serving_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="session")
+def analysis_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh environment with `pip install 'kvaudit[analysis]'` (the wheel), its dependencies from the index."""
+    environment = tmp_path_factory.mktemp("analysis") / "env"
+    venv.create(environment, with_pip=True)
+    _run(
+        [_python(environment), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{wheel}[analysis]"],
+        cwd=ROOT,
+    )
+    return environment
+
+
+@pytest.fixture(scope="session")
 def full_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel installed non-editable, its `[all]` dependencies this environment's."""
     environment = tmp_path_factory.mktemp("full") / "env"
@@ -135,6 +147,35 @@ def test_the_plain_install_is_the_serving_side_and_what_it_writes_the_full_insta
         cwd=tmp_path,
     )
     assert counted.splitlines() == ["op,n", "store,1"]
+
+
+def test_the_analysis_extra_alone_audits_reports_and_alerts(analysis_install: Path, tmp_path: Path):
+    """What the README gives `analysis`: no sqlglot (ClickHouse's) nor plotly (the HTML report's) needed."""
+    listed = _run([_python(analysis_install), "-m", "pip", "list", "--format", "freeze"], cwd=tmp_path)
+    installed = {line.split("==")[0].lower() for line in listed.splitlines()}
+    assert not installed & {"sqlglot", "plotly", "chdb", "textual"}, installed
+    kvaudit = str(analysis_install / "bin" / "kvaudit")
+    _run(
+        [kvaudit, "simulate", "--out", "sim", "--duration", "30", "--quiet", "--fault", "rolling-upgrade:10"],
+        cwd=tmp_path,
+    )
+    traces = str(tmp_path / "sim" / "traces")
+    (tmp_path / "rules.yaml").write_text(_run([kvaudit, "alerts", "default-rules"], cwd=tmp_path))
+    for command, expected in (
+        (["sql", traces, "SELECT count(*) AS n FROM pages", "--format", "csv"], 0),
+        (["audit", traces], 1),  # the upgrade's findings
+        (["report", traces], 1),
+        (["alerts", "eval", traces], 0),
+        (["alerts", "check", "rules.yaml"], 0),
+    ):
+        done = subprocess.run([kvaudit, *command], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert done.returncode in (0, expected), f"kvaudit {shlex.join(command)}: {done.returncode}\n{done.stderr}"
+        assert "needs" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    refused = subprocess.run(
+        [kvaudit, "report", traces, "--html", "r.html"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert (refused.returncode, refused.stdout) == (2, "")  # before the report is printed
+    assert refused.stderr == "kvaudit report: needs plotly, which this install lacks: pip install 'kvaudit[report]'\n"
 
 
 # Commands that serve until stopped, or reach a server the README's reader has.
