@@ -19,6 +19,7 @@ import argparse
 import importlib
 import logging
 import os
+import select
 import sys
 import traceback
 from collections.abc import Sequence
@@ -82,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit
+        if _reader_left():
+            raise BrokenPipeError
         return status
     except KeyboardInterrupt:
         return ExitStatus.INTERRUPTED
@@ -107,6 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ExitStatus.INTERNAL_ERROR
+
+
+def _reader_left() -> bool:
+    """Whether stdout is a pipe whose reader went away.
+
+    A large write that the reader leaves halfway through returns what it wrote and raises
+    nothing (CPython's buffered writer; Rich writes a table in one piece): the pipe itself
+    still says so.
+    """
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's stream), or no poll()
+        return False
 
 
 def _discard_stdout() -> None:

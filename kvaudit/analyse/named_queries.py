@@ -82,6 +82,11 @@ def describe(name: str) -> QueryInfo:
     return QueryInfo(name, summary, parameters)
 
 
+def variables_read(sql: str) -> set[str]:
+    """The `kvaudit_` variables a query reads (its parameters)."""
+    return {variable for variable, _ in _VARIABLE.findall(sql)}
+
+
 def resolve(spec: str) -> str | None:
     """The named query a `-f` argument means when no such file exists, or None.
 

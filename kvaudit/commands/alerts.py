@@ -59,21 +59,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    check = actions.add_parser(
-        "check", help="validate rule files without running anything but queries over no traces: exit 1 if any problem"
+    check = command_parser(
+        actions,
+        "check",
+        "Validate rule files without running anything but queries over no traces: exit 1 if any problem.",
+        "kvaudit alerts default-rules > rules.yaml && kvaudit alerts check rules.yaml",
     )
     check.add_argument("rules", nargs="+", metavar="RULES", help="rule files")
     add_rule_timeout_option(check)
     check.set_defaults(run=run_check)
 
-    evaluate = actions.add_parser(
-        "eval", help="evaluate the rules once and print pending and firing alerts; exit 1 if any fires"
+    evaluate = command_parser(
+        actions,
+        "eval",
+        "Evaluate the rules once and print pending and firing alerts; exit 1 if any fires.",
+        "kvaudit alerts eval traces/ --rules rules.yaml --format json",
     )
     _add_common(evaluate, fail_on="firing")
     add_output_arguments(evaluate)
     evaluate.set_defaults(run=run_eval)
 
-    watch = actions.add_parser("watch", help="evaluate as trace files grow; keep alert state on disk; notify")
+    watch = command_parser(
+        actions,
+        "watch",
+        "Evaluate as trace files grow; keep alert state on disk; notify.",
+        "kvaudit alerts watch traces/ --interval 15s --notify alertmanager:http://127.0.0.1:9093",
+    )
     _add_common(watch, fail_on="never")
     watch.add_argument("--interval", type=duration, default=15.0, help="evaluation interval (default 15s)")
     watch.add_argument(
@@ -113,7 +124,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     watch.set_defaults(run=run_watch)
 
-    default = actions.add_parser("default-rules", help="print the default rule pack (to copy and tune)")
+    default = command_parser(
+        actions,
+        "default-rules",
+        "Print the default rule pack (to copy and tune).",
+        "kvaudit alerts default-rules > rules.yaml",
+    )
     default.set_defaults(run=run_default_rules)
 
 

@@ -29,7 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  kvaudit sql traces.duckdb -f my-query.sql --format csv\n"
         "  kvaudit sql --backend clickhouse://localhost:8123/otel -q summary",
     )
-    parser.add_argument("paths", nargs="*", metavar="PATH", help=TRACE_PATHS_HELP)
+    # The SQL is the last positional argument (argparse cannot tell it from a path): said in the usage.
+    parser.usage = (
+        "%(prog)s [options] PATH [PATH ...] SQL\n"
+        "       %(prog)s [options] PATH [PATH ...] (-q NAME | -f FILE)\n"
+        "       %(prog)s [options] --backend URL (SQL | -q NAME | -f FILE)"
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help=f"{TRACE_PATHS_HELP}; then the SQL, unless -q or -f")
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "-q", "--query", metavar="NAME", help="run a named query shipped with kvaudit (list them: kvaudit queries)"
@@ -53,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.analyse.named_queries import load
+    from kvaudit.analyse.named_queries import load, variables_read
     from kvaudit.present.rows import write_rows
 
     paths = list(args.paths)
@@ -66,9 +72,15 @@ def run(args: argparse.Namespace) -> int:
         query = paths.pop()
     else:
         raise UsageError("give a query after the paths, -q NAME or -f FILE")
+    values = parameters(args.param)
+    unknown = sorted(set(values) - variables_read(query))
+    if unknown:  # a misspelt name would otherwise leave the query at its default, silently
+        taken = ", ".join(sorted(name.removeprefix("kvaudit_") for name in variables_read(query))) or "none"
+        named = ", ".join(name.removeprefix("kvaudit_") for name in unknown)
+        raise UsageError(f"--param {named}: the query has no such parameter (it takes: {taken})")
     with open_backend(args.backend, paths) as backend:
         warn_backend_read_errors(backend)
-        columns, rows = backend.query(query, parameters(args.param))
+        columns, rows = backend.query(query, values)
     write_rows(columns, rows, args.format, limit=row_limit(args))
     return 0
 

@@ -39,8 +39,9 @@ def write_rows(
             stream.write(json_line(dict(zip(columns, row))))
     elif fmt == "csv":
         # CSV is data for programs; on a terminal it is also shown, so its text is made visible there.
+        # Lines end with LF, as the duckdb shell's do: a CRLF leaves `\r` in `| tail -1` arithmetic.
         terminal = stream.isatty()
-        writer = csv.writer(stream)
+        writer = csv.writer(stream, lineterminator="\n")
         writer.writerow([visible(c) if terminal else c for c in columns])
         writer.writerows([[_csv_value(v, terminal) for v in row] for row in shown])
     elif fmt == "table":

@@ -31,9 +31,20 @@ def cell(value: Any) -> Text:
     return Text(visible(str(value)))
 
 
+class _Console(Console):
+    """Rich's console, leaving a closed pipe to `kvaudit`'s one handling of it (exit 141).
+
+    Rich's own exits with status 1, where the shell and docs/operations.md say 141.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console(stream: TextIO) -> Console:
     """A console writing to `stream`, without soft wrapping (a table's rows stay rows)."""
-    return Console(file=stream, soft_wrap=False)
+    return _Console(file=stream, soft_wrap=False)
 
 
 def print_wide(out: Console, renderable: RenderableType) -> None:
@@ -41,4 +52,4 @@ def print_wide(out: Console, renderable: RenderableType) -> None:
     if out.is_terminal:
         out.print(renderable)
     else:
-        Console(file=out.file, width=_UNBOUNDED_WIDTH, soft_wrap=False).print(renderable)
+        _Console(file=out.file, width=_UNBOUNDED_WIDTH, soft_wrap=False).print(renderable)

@@ -94,9 +94,7 @@ def test_the_error_s_type_alone_tells_bad_input_from_a_bug(
     assert ("a bug in kvaudit; KVAUDIT_DEBUG=1 shows the traceback" in err) == (status == 3)
 
 
-def test_a_file_the_user_named_that_cannot_be_read_is_bad_input(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+def test_a_file_the_user_named_that_cannot_be_read_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     unreadable = tmp_path / "rules.yaml"
     unreadable.mkdir()  # a directory where a file is expected: IsADirectoryError where it is opened
     assert main(["alerts", "check", str(unreadable)]) == 2
@@ -109,12 +107,57 @@ def test_a_file_the_user_named_that_cannot_be_read_is_bad_input(
         "sql {t} 'SELECT * FROM range(300000)' --format csv",
         "sql {t} 'SELECT * FROM range(300000)' --format json",
         "audit {t} --format json",
+        "sql {t} 'SELECT * FROM range(300000)' --all",  # a table: Rich writes it in one piece
     ],
 )
 def test_a_closed_pipe_ends_quietly_with_141(upgrade: Path, command: str):
     result = _shell(f"{KVAUDIT} {command.format(t=upgrade)} | head -n 1; echo status=${{PIPESTATUS[0]}} >&2")
     assert result.stdout.count("\n") == 1
     assert result.stderr == "status=141\n"  # no "Broken pipe", no traceback, no "Exception ignored"
+
+
+def test_csv_lines_end_with_lf(trace_dir: Path):
+    """As the duckdb shell's: `| tail -1` gives shell arithmetic a number, not a number and a `\\r`."""
+    alert_traces.clean(trace_dir)
+    result = _shell(f"{KVAUDIT} sql {trace_dir} 'SELECT 7 AS n' --format csv | tail -1 | od -c")
+    assert result.stdout.split()[1:] == ["7", "\\n", "0000002"]
+
+
+def test_an_unknown_parameter_is_named(trace_dir: Path, capsys: pytest.CaptureFixture[str]):
+    alert_traces.clean(trace_dir)
+    assert main(["sql", str(trace_dir), "-q", "hit_rate", "--param", "bucket=5"]) == 2
+    assert capsys.readouterr().err == (
+        "kvaudit sql: error: --param bucket: the query has no such parameter (it takes: bucket_s)\n"
+    )
+    assert main(["sql", str(trace_dir), "-q", "hit_rate", "--param", "bucket_s=5", "--format", "csv"]) == 0
+
+
+def test_report_checks_its_html_path_before_reading(
+    trace_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    alert_traces.clean(trace_dir)
+    target = tmp_path / "missing" / "r.html"
+    assert main(["report", str(trace_dir), "--html", str(target)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # not the whole report, then the failure
+    assert err == f"kvaudit report: error: {target}: No such directory: {target.parent}\n"
+
+
+@pytest.mark.parametrize("action", ["check", "eval", "watch", "default-rules"])
+def test_each_alerts_action_has_a_description_and_an_example(action: str, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["alerts", action, "--help"])
+    shown = capsys.readouterr().out
+    description = shown.split("\n\n")[1].strip()
+    assert description[0].isupper() and description.endswith(".")
+    assert f"Example:\n  kvaudit alerts {action}" in shown or f"&& kvaudit alerts {action}" in shown
+
+
+def test_the_usage_of_sql_shows_the_sql(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["sql", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert "PATH [PATH ...] SQL" in usage and "-q NAME" in usage
 
 
 def test_tables_off_a_terminal_keep_their_shape(trace_dir: Path, capsys: pytest.CaptureFixture[str]):
