@@ -23,6 +23,7 @@ from bench.common import env_int, machine, report, sized, smoke
 from kvaudit.read.reader import SCAN_MIN_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
+STARTUP_RATIO = 10  # `kvaudit --help` against `python -c pass` (issue 52)
 
 
 def _timed(argv: list[str], **kwargs: object) -> float:
@@ -85,7 +86,8 @@ def main() -> None:
         python_s = _median_start([sys.executable, "-c", "pass"])
         help_s = _median_start([kvaudit, "--help"])
         sql_help_s = _median_start([kvaudit, "sql", "--help"])
-        rows.append(["kvaudit --help (s)", f"{help_s:.2f}", f"{python_s:.2f}", f"{help_s / python_s:.1f}", "< 0.5 s"])
+        goal = f"< {STARTUP_RATIO}x"
+        rows.append(["kvaudit --help (s)", f"{help_s:.2f}", f"{python_s:.2f}", f"{help_s / python_s:.1f}", goal])
         rows.append(
             ["kvaudit sql --help (s)", f"{sql_help_s:.2f}", f"{python_s:.2f}", f"{sql_help_s / python_s:.1f}", ""]
         )
@@ -127,3 +129,7 @@ def main() -> None:
         rows.append(["page scanner built in the background after (s)", f"{built_s:.0f}", "", "", ""])
         rows.append(["(reads with the scanner from)", f"{SCAN_MIN_BYTES >> 20} MiB", "", "", ""])
     report(rows)
+    # The goal held as a ratio measured in the same run: only the command named is imported (kvaudit.cli).
+    if help_s / python_s >= STARTUP_RATIO:
+        ratio = help_s / python_s
+        raise SystemExit(f"kvaudit --help took {ratio:.1f}x a bare interpreter (goal: under {STARTUP_RATIO}x)")

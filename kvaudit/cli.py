@@ -1,4 +1,4 @@
-"""The `kvaudit` command line: one subcommand per module of `kvaudit.commands`.
+"""The `kvaudit` command line: one subcommand per module of `kvaudit.commands` (`SUMMARIES` lists them).
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets
 `run` (a callable taking the parsed arguments and returning an exit status). A command
@@ -24,34 +24,21 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.exit_status import ExitStatus
-from kvaudit.commands.extras import extra_providing
 from kvaudit.commands.version import VersionAction
 from kvaudit.errors import InputError
 from kvaudit.safe_text import visible
 
 DEBUG_VARIABLE = "KVAUDIT_DEBUG"
 
-# Command modules, in the order `kvaudit --help` lists them.
-COMMANDS: tuple[str, ...] = (
-    "kvaudit.commands.sql",
-    "kvaudit.commands.queries",
-    "kvaudit.commands.audit",
-    "kvaudit.commands.explain",
-    "kvaudit.commands.report",
-    "kvaudit.commands.ingest",
-    "kvaudit.commands.clickhouse",
-    "kvaudit.commands.collect",
-    "kvaudit.commands.demo",
-    "kvaudit.commands.simulate",
-    "kvaudit.commands.tui",
-    "kvaudit.commands.alerts",
-    "kvaudit.commands.exporter",
-    "kvaudit.commands.doctor",
-)
 
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with `argv`, only the parser of the command it names is built.
 
-def build_parser() -> argparse.ArgumentParser:
+    The others stand as their one line of `kvaudit.commands.SUMMARIES`: `kvaudit --help`
+    and each command start without importing every command module.
+    """
     parser = argparse.ArgumentParser(
         prog="kvaudit",
         description="Observability and cache audit for shared KV caching across LLM serving replicas.",
@@ -63,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help=f"show the traceback of an internal error (or set {DEBUG_VARIABLE}=1)"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(name).register(subparsers)
+    named = None if argv is None else next((arg for arg in argv if not arg.startswith("-")), "")
+    for name, summary in SUMMARIES.items():
+        if named is None or name == named:
+            importlib.import_module(f"kvaudit.commands.{name}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary)
     return parser
 
 
@@ -79,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(_VisibleFormatter("kvaudit: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
-    args = build_parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(arguments).parse_args(arguments)
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit
@@ -95,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return ExitStatus.BAD_INPUT
     except Exception as exc:
+        from kvaudit.commands.extras import extra_providing  # reads the installed metadata: only when needed
+
         extra = extra_providing(exc.name or "") if isinstance(exc, ModuleNotFoundError) else None
         if extra is not None:
             print(

@@ -24,6 +24,7 @@ from kvaudit.alerts.instances import AlertInstance, AlertState
 from kvaudit.alerts.labels import NAME
 from kvaudit.alerts.payloads import DEFAULT_GROUP_BY, GroupBy
 from kvaudit.alerts.state_file import default_state_path
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
     UsageError,
     add_input_arguments,
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "alerts",
-        "Alerting rules over the kvaudit views: check rule files, evaluate them, watch traces and notify.",
+        SUMMARIES["alerts"],
         "kvaudit alerts watch traces/ --interval 15s --notify webhook:http://127.0.0.1:5001/hook",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
     UsageError,
     add_input_arguments,
@@ -24,8 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "audit",
-        "Check fetched KV pages against the trace contract and their producers (rules KVA001-KVA008). "
-        "Exit status: 0 nothing at warning or above, 1 warnings or critical findings, 2 unusable input.",
+        SUMMARIES["audit"],
         "kvaudit audit traces/ --format json > findings.jsonl\n"
         "  kvaudit audit --backend clickhouse://localhost:8123/otel --by-day   # a fleet, in bounded memory\n"
         "  kvaudit audit fleet/ --by-day --list-partitions \\\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser
 
 
@@ -11,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "clickhouse",
-        "Manage what kvaudit keeps in ClickHouse beside the OpenTelemetry Collector's otel_traces.",
+        SUMMARIES["clickhouse"],
         "kvaudit clickhouse setup --backend clickhouse://localhost:8123/otel --backfill",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

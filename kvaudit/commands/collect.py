@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser, duration
 from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.contract import KVConfig
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "collect",
-        "Receive OTLP/HTTP traces (POST /v1/traces) and write one OTLP JSON lines file per replica.",
+        SUMMARIES["collect"],
         "kvaudit collect --out traces/ 127.0.0.1:4318   # then point replicas at otlp:http://127.0.0.1:4318\n"
         "  kvaudit collect --out traces/ --kv-events tcp://10.0.0.5:5557 --kv-events-replay tcp://10.0.0.5:5558 "
         "--replica r1",

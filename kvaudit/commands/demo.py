@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.errors import user_files
 
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "demo",
-        "Simulate two 27B replicas sharing a 256 GiB KV pool through a rolling upgrade, then audit the traces.",
+        SUMMARIES["demo"],
         "kvaudit demo --out demo-out --guard",
     )
     parser.add_argument("--out", default="demo-out", help="directory for the traces and the report (replaced)")

@@ -13,7 +13,9 @@ engine). `--format json` prints the same as one object.
 Fail-open: a part that cannot be checked says so and the others are still reported;
 no traceback. Exit status: 0, or 1 when something found would keep spans from being
 written (an installed engine its hook does not load next to, an export setting that
-cannot work, the plugin filtered out by `VLLM_PLUGINS`).
+cannot work, the plugin filtered out by `VLLM_PLUGINS`). Doctor judges what the install
+is for: a serving image (`pip install kvaudit`, without the analysis extra's numba or
+packaging) is healthy when its hooks load and its spans can be written.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from kvaudit import __version__
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import command_parser
+from kvaudit.commands.extras import extra_providing
 from kvaudit.contract import SCHEMA_VERSION
 from kvaudit.emit.setup import ENV_EXPORT
 
@@ -47,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "doctor",
-        "Check this environment: engines and hooks, the vLLM plugin, export settings, the page scanner.",
+        SUMMARIES["doctor"],
         "kvaudit doctor --format json",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
@@ -177,8 +181,16 @@ def _import_failure(module: str) -> str | None:
 
 def vllm_report(import_hook: bool = False) -> dict[str, Any]:
     from kvaudit.hooks import vllm as hook
-    from kvaudit.hooks.vllm import version
 
+    try:
+        from kvaudit.hooks.vllm import version
+    except ModuleNotFoundError:
+        if installed_version("vllm") is not None:
+            raise
+        # No vLLM, nothing to hook: the range is read with packaging, which vLLM brings
+        # (and the analysis extra); an image without either is not missing anything.
+        unhooked = {**_ENGINE_UNCHECKED, "why_not": "vllm is not installed", "problem": None}
+        return {**unhooked, "plugin_entry_point": plugin_entry_point()}
     report = _engine("vllm", version.supported_specifier(), version.refusal, hook.CONNECTOR_MODULE, import_hook)
     entry_point = plugin_entry_point()
     report["plugin_entry_point"] = entry_point
@@ -268,6 +280,13 @@ def page_scanner_report() -> dict[str, Any]:
         import numba
 
         modules = [importlib.import_module(name) for name in scanner_cache.SCANNER_MODULES]
+    except ModuleNotFoundError as exc:
+        extra = extra_providing(exc.name or "")
+        if extra is None:
+            report["problem"] = f"the page scanner does not import: {_one_line(exc)}"
+        else:  # a serving-side install: the scanner is the analysis side's, and nothing here reads traces
+            report["not_installed"] = f"{exc.name}: pip install 'kvaudit[{extra}]' to read traces here"
+        return report
     except Exception as exc:
         report["problem"] = f"the page scanner does not import: {_one_line(exc)}"
         return report
@@ -320,7 +339,8 @@ def render(report: dict[str, Any]) -> str:
 
 def _engine_lines(name: str, engine: dict[str, Any]) -> list[str]:
     if engine["installed"] is None:
-        return [f"{name}: not installed (hook supports {engine['supported']})"]
+        supports = f" (hook supports {engine['supported']})" if engine["supported"] else ""
+        return [f"{name}: not installed{supports}"]
     loads = "hook loads" if engine["hook_loads"] else f"hook does not load: {engine['why_not']}"
     return [f"{name}: {engine['installed']} installed, hook supports {engine['supported']}: {loads}"]
 
@@ -338,6 +358,8 @@ def _export_lines(export: dict[str, Any]) -> list[str]:
 
 
 def _scanner_lines(scanner: dict[str, Any]) -> list[str]:
+    if scanner.get("not_installed"):
+        return [f"page scanner: not installed ({scanner['not_installed']})"]
     return [
         f"page scanner: numba {scanner['numba']}, {scanner['cached']} of {scanner['functions']} functions compiled"
         + (f" in {scanner['cache_dir']}" if scanner["cache_dir"] else "")

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from kvaudit.causes import Cause
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
@@ -33,8 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "explain",
-        "Why a request missed: every page of its prompt, in order, with what became of it and why "
-        f"({', '.join(Cause)}: docs/design.md section 7), and the reuse it could have had.",
+        SUMMARIES["explain"],
         "kvaudit explain traces/ chat-12-t3 --replica r2 --format json",
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help=TRACE_PATHS_HELP)

@@ -9,6 +9,7 @@ import argparse
 import sys
 import threading
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import TRACE_PATHS_HELP, add_input_arguments, command_parser, open_backend
 from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.errors import user_files
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "exporter",
-        "Serve hit rates, cross-replica reuse, fetch bytes and latency from trace files on /metrics.",
+        SUMMARIES["exporter"],
         "kvaudit exporter traces/ --port 9464   # then scrape http://HOST:9464/metrics",
     )
     add_input_arguments(parser, paths_help=f"{TRACE_PATHS_HELP} (trace files are read as they grow)")

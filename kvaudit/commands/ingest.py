@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.errors import InputError, user_files
 
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "ingest",
-        "Read trace files once into a DuckDB database or a Parquet dataset (columnar), with the kvaudit views on top.",
+        SUMMARIES["ingest"],
         'kvaudit ingest traces/ -o traces.duckdb && kvaudit sql traces.duckdb "SELECT count(*) FROM pages"\n'
         '  kvaudit ingest traces/ --parquet fleet/ && kvaudit sql fleet/ "SELECT count(*) FROM pages"',
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import command_parser
 from kvaudit.present.output_formats import FORMATS
 
@@ -12,7 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "queries",
-        "List the named queries (run one with `kvaudit sql PATHS -q NAME`), with their parameters and defaults.",
+        SUMMARIES["queries"],
         "kvaudit queries   |   kvaudit sql traces/ -q hit_rate --param bucket_s=300",
     )
     parser.add_argument("--all", action="store_true", help="also the auditor's rules and the TUI's panels")

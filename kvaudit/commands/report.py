@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import add_input_arguments, command_parser, duration, open_backend, require_spans
 from kvaudit.commands.audit import exit_status
 from kvaudit.errors import InputError, user_files
@@ -16,9 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "report",
-        "The whole picture of traces: audit findings, reuse, hit rates, the reuse left on the table, "
-        "transfer overhead and pool capacity. "
-        "Exit status as for `kvaudit audit`.",
+        SUMMARIES["report"],
         "kvaudit report traces/ --html report.html",
     )
     add_input_arguments(parser)

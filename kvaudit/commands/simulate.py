@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser
 from kvaudit.errors import user_files
 from kvaudit.simulator.engine import GIB, GROUND_TRUTH_FILE, PAGE_TRUTH_FILE, SimConfig, SimResult, simulate
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "simulate",
-        "Simulate replicas of a model sharing a KV pool; write their traces and the injected faults.",
+        SUMMARIES["simulate"],
         "kvaudit simulate --out sim-out --duration 300 --router prefix-aware --fault rolling-upgrade:150 --guard",
     )
     add_arguments(parser)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
@@ -23,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "sql",
-        "Run SQL over the spans, pages, replicas and read_errors views of trace files.",
+        SUMMARIES["sql"],
         'kvaudit sql traces/ "SELECT replica, op, count(*) AS pages FROM pages GROUP BY ALL"\n'
         "  kvaudit sql traces/ -q hit_rate --param bucket_s=300     # a named query (`kvaudit queries`)\n"
         "  kvaudit sql traces.duckdb -f my-query.sql --format csv\n"

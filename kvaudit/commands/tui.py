@@ -7,6 +7,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
     UsageError,
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "tui",
-        "Watch trace files (or what an in-process receiver gets) live: reuse, transfer, findings, alerts.",
+        SUMMARIES["tui"],
         "kvaudit tui traces/        |  kvaudit tui --collect 0.0.0.0:4318 --out traces/"
         "  |  kvaudit tui traces/ --snapshot",
     )

@@ -37,3 +37,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, module: str, argv: lis
     result = _run("-m", module, *(arg.format(tmp=tmp_path) for arg in argv))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(message.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [(["--help"], set()), (["--debug", "sql", "--help"], {"sql"})])
+def test_only_the_command_named_is_imported(argv: list[str], wanted: set[str]):
+    """`kvaudit --help` lists the commands from `kvaudit.commands.SUMMARIES`; `kvaudit CMD` imports its module alone."""
+    from kvaudit.commands import SUMMARIES
+
+    probe = (
+        "import contextlib, io, sys\n"
+        "from kvaudit.cli import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main({argv!r})\n"
+        "print(' '.join(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('kvaudit.commands.')))\n"
+    )
+    loaded = set(_run("-c", probe).stdout.split())
+    assert loaded & set(SUMMARIES) == wanted

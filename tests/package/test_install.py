@@ -149,6 +149,20 @@ def test_the_plain_install_is_the_serving_side_and_what_it_writes_the_full_insta
     assert counted.splitlines() == ["op,n", "store,1"]
 
 
+def test_doctor_finds_the_serving_image_it_exists_for_healthy(serving_install: Path, tmp_path: Path):
+    """Without the analysis side's numba, nor packaging (vLLM's, or the analysis extra's), nothing is missing."""
+    kvaudit = str(serving_install / "bin" / "kvaudit")
+    probe = "import importlib.util as u; print(u.find_spec('numba'), u.find_spec('packaging'))"
+    assert _run([_python(serving_install), "-c", probe], cwd=tmp_path).split() == ["None", "None"]
+    done = subprocess.run([kvaudit, "doctor"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert (done.returncode, done.stderr) == (0, ""), done.stdout
+    lines = done.stdout.splitlines()
+    assert "vLLM: not installed" in lines and "problems: none" in lines
+    assert "page scanner: not installed (numba: pip install 'kvaudit[analysis]' to read traces here)" in lines
+    report = json.loads(_run([kvaudit, "doctor", "--format", "json"], cwd=tmp_path))
+    assert report["problems"] == [] and report["vllm"]["hook_loads"] is False
+
+
 def test_the_analysis_extra_alone_audits_reports_and_alerts(analysis_install: Path, tmp_path: Path):
     """What the README gives `analysis`: no sqlglot (ClickHouse's) nor plotly (the HTML report's) needed."""
     listed = _run([_python(analysis_install), "-m", "pip", "list", "--format", "freeze"], cwd=tmp_path)
