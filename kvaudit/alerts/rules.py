@@ -36,7 +36,10 @@ from kvaudit.errors import InputError, user_files
 
 # The group of kvaudit's own rule health alerts (`rule_health`): no rule file may use it.
 HEALTH_GROUP: Final = "kvaudit-rule-health"
-_FILE_KEYS: Final = frozenset({"groups"})
+# What a rule file may say it is: kvaudit's SQL rules, which have Prometheus' shape but SQL in
+# `expr`. Optional (files without it load); any other kind is refused, naming where such rules go.
+SQL_RULES_KIND: Final = "kvaudit/sql-rules"
+_FILE_KEYS: Final = frozenset({"kind", "groups"})
 _GROUP_KEYS: Final = frozenset({"name", "interval", "limit", "rules"})
 _RULE_KEYS: Final = frozenset({"alert", "expr", "for", "keep_firing_for", "labels", "annotations"})
 
@@ -175,6 +178,15 @@ class _Reader:
         if root is None:
             return []  # an empty file has no groups, as in Prometheus
         top = self.mapping(root, "the rule file", _FILE_KEYS, required=("groups",))
+        if top is not None and "kind" in top:
+            kind = self.scalar(top["kind"], "kind")
+            if kind is not None and kind != SQL_RULES_KIND:
+                self.problem(
+                    top["kind"],
+                    f"kind {kind!r}: kvaudit reads {SQL_RULES_KIND} files (SQL in `expr`);"
+                    " PromQL rules are Prometheus' (examples/prometheus/)",
+                )
+                return []
         if top is None or "groups" not in top:
             return []
         return [g for node in self.sequence(top["groups"], "groups") if (g := self.group(node)) is not None]
