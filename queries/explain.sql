@@ -1,4 +1,5 @@
 -- explain: every page of a request's prompt, in order: what became of it at the lookup, and why.
+-- Includes: store_events AS store_events
 --
 -- Question: why did this request miss? For each page of its prompt, its cause in the
 --   vocabulary of docs/design.md section 7 (hit_gpu, hit_local, hit_pool, rejected,
@@ -56,21 +57,12 @@ prompt AS (
     GROUP BY r.replica, r.request_id, r.lookup_ns, r.consumer_id, r.prompt_tokens, r.local_tokens, p.token_start
 ),
 events AS (
-    -- Every store and eviction of the prompts' keys, each in the store it concerns (tier and
-    -- holder '' for none). `seq` orders them: by time, evictions first at equal times; a
-    -- lookup at time T sees every event of seq <= 2T + 1 (its `at_seq`).
-    SELECT key, op, time_ns, time_ns * 2 + CASE WHEN op = 'store' THEN 1 ELSE 0 END AS seq, replica, request_id,
-           coalesce(tier, '') AS tier, store_backend,
-           CASE WHEN tier = 'remote' THEN '' ELSE replica END AS holder,
+    -- Every store and eviction of the prompts' keys, each in the store it concerns
+    -- (queries/store_events.sql: the one rule for which copy an eviction ended).
+    SELECT key, op, time_ns, seq, replica, request_id, tier, backend AS store_backend, holder,
            model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size
-    FROM (
-        -- An LMCache store names each of its targets, comma-separated.
-        SELECT key, op, time_ns, replica, request_id, tier,
-               unnest(string_split(coalesce(backend, ''), ',')) AS store_backend,
-               model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size
-        FROM pages
-        WHERE op IN ('store', 'evict') AND key IN (SELECT key FROM prompt)
-    ) e
+    FROM store_events
+    WHERE key IN (SELECT key FROM prompt)
 ),
 segments AS (
     -- Each store of a page's key, with the `seq` of the key's next event in the same store:

@@ -1,0 +1,72 @@
+"""`kvaudit explain` and `reuse_left` on traces of a real LMCache 0.5.6 engine (docs/design.md section 7).
+
+LMCache's store pages carry no tier (one store goes to all its backends), its eviction
+pages name the tier of their backend: queries/store_events.sql is the one rule that
+makes a capacity eviction from `lmcache.local_cpu` end the copy a store put there. The
+engine (tests/support/lmcache_engine.py) has a local CPU pool of four pages. Request a
+stores prompt A (3 pages), request b stores prompt B (3 pages), which evicts A's first
+two pages for capacity; request c then looks prompt A up (a miss) and stores it again,
+as a serving engine stores what it recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("lmcache", reason="LMCache is installed by scripts/install-lmcache.sh")
+pytest.importorskip("torch")
+
+from kvaudit.analyse.explain import explain
+from kvaudit.analyse.named_queries import run_named
+from kvaudit.backends import Backend, as_backend
+from kvaudit.causes import Cause
+from kvaudit.read.store import TraceStore
+
+from ..support.lmcache_engine import CHUNK, POOL_GB, hooked_engine, kv, sequence
+
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    traces = tmp_path_factory.mktemp("lmcache_explain")
+    with hooked_engine(traces, "explain", max_local_cpu_size=POOL_GB) as engine:
+        for request, prompt in (("a", 1), ("b", 2), ("c", 1)):
+            engine.lookup(sequence(prompt), lookup_id=request)
+            engine.store(sequence(prompt), kvcache=kv(), req_id=request)
+    store = TraceStore([traces])
+    store.refresh()
+    yield as_backend(store)
+    store.close()
+
+
+def test_a_capacity_eviction_ends_the_copy_lmcache_stored(backend: Backend):
+    (request,) = explain(backend, "c")
+    causes = [page.cause for page in request.pages]
+    assert causes == [Cause.EVICTED, Cause.EVICTED, Cause.PREFIX_BROKEN]
+    evicted = request.pages[0]
+    assert (evicted.tier, evicted.holder, evicted.producer) == ("cpu", "r1", "r1")
+    assert evicted.eviction().startswith("capacity from cpu of r1 (lmcache.local_cpu)")
+    assert evicted.evicted_by == "b"
+    # The prefix the engine held at c's lookup began with an evicted page: nothing was achievable.
+    assert [page.achievable for page in request.pages] == [False, False, False]
+    assert request.rates().endswith("achievable 0 (0%): 0% left on the table")
+
+
+def test_reuse_left_counts_no_evicted_page_as_achievable(backend: Backend):
+    columns, rows = run_named(backend, "reuse_left_requests")
+    by_request = {row[columns.index("request_id")]: dict(zip(columns, row)) for row in rows}
+    c = by_request["c"]
+    assert (c["prompt_tokens"], c["hit_tokens"], c["achievable_tokens"], c["lost_tokens"]) == (3 * CHUNK, 0, 0, 0)
+    assert (c["evicted"], c["prefix_broken"], c["never_stored"]) == (2 * CHUNK, CHUNK, 0)
+    assert {name: by_request[name]["never_stored"] for name in ("a", "b")} == {"a": 3 * CHUNK, "b": 3 * CHUNK}
+
+
+def test_occupancy_takes_the_tier_from_the_same_rule(backend: Backend):
+    columns, rows = run_named(backend, "evictions/occupancy")
+    assert {(row[columns.index("backend")], row[columns.index("tier")]) for row in rows} == {
+        ("lmcache.local_cpu", "cpu")
+    }
+    assert sum(row[columns.index("evicted")] for row in rows) >= 2
