@@ -32,6 +32,7 @@ requests AS (
            coalesce(arg_min(resource_id, start_ns) FILTER (WHERE op = 'lookup'),
                     arg_min(resource_id, start_ns)) AS consumer_id,
            coalesce(max(tokens_requested) FILTER (WHERE op = 'lookup'), max(tokens_requested)) AS prompt_tokens,
+           max(tokens_requested) FILTER (WHERE op = 'lookup') AS looked_up_tokens,
            coalesce(max(tokens_local) FILTER (WHERE op = 'lookup'), 0) AS local_tokens
     FROM request_spans
     GROUP BY replica, request_id
@@ -52,6 +53,8 @@ prompt AS (
     FROM pages p
     JOIN requests r ON r.replica = p.replica AND r.request_id = p.request_id
     WHERE p.op IN ('lookup', 'fetch', 'store') AND p.key IS NOT NULL AND p.token_start IS NOT NULL
+      -- A page the request stored past the tokens its lookup asked for (its output) is no prompt page.
+      AND (r.looked_up_tokens IS NULL OR p.token_end <= r.looked_up_tokens)
       AND (getvariable('kvaudit_request_id') IS NULL OR p.request_id = getvariable('kvaudit_request_id'))
       AND (getvariable('kvaudit_replica') IS NULL OR p.replica = getvariable('kvaudit_replica'))
     GROUP BY r.replica, r.request_id, r.lookup_ns, r.consumer_id, r.prompt_tokens, r.local_tokens, p.token_start
@@ -72,7 +75,8 @@ segments AS (
     FROM events
 ),
 first_stores AS (
-    SELECT key, min(seq) AS first_seq FROM events WHERE op = 'store' GROUP BY key
+    -- An eviction proves an earlier store, recorded or not (a sampled trace, lost spans).
+    SELECT key, min(seq) AS first_seq FROM events GROUP BY key
 ),
 copies AS (
     -- Each page beside every copy of its key present at its lookup, anywhere in the fleet.

@@ -34,6 +34,18 @@ FROM pages p LEFT JOIN replicas r ON r.resource_id = p.resource_id
 WHERE p.op = 'fetch' AND p.used = false AND p.request_id = getvariable('kvaudit_request_id')
   AND p.replica = getvariable('kvaudit_replica') AND p.token_start = getvariable('kvaudit_token_start')
 """
+# What rule KVA007 counts as lost, per process of the replicas involved (the counts are cumulative
+# per process: the largest is the total).
+_LOSS: Final = """
+SELECT replica, resource_id,
+       coalesce(max(telemetry_dropped_spans), 0) + coalesce(max(telemetry_failed_exports), 0)
+           + coalesce(max(telemetry_errors), 0) + coalesce(max(telemetry_lost_batches), 0) AS lost,
+       coalesce(sum(dropped_events), 0) AS dropped_events
+FROM spans
+GROUP BY replica, resource_id
+HAVING lost > 0 OR dropped_events > 0
+ORDER BY replica, resource_id
+"""
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class Explanation:
     lookup_ns: int
     prompt_tokens: int | None
     pages: list[ExplainedPage] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the traces lack that the answer depends on
 
     @property
     def hit_tokens(self) -> int:
@@ -170,7 +183,34 @@ def explain(
             Explanation(page.request_id, page.replica, page.lookup_ns, page.prompt_tokens),
         )
         request.pages.append(page)
-    return [explanations[key] for key in sorted(explanations)]
+    ordered = [explanations[key] for key in sorted(explanations)]
+    for request in ordered:
+        request.notes.extend(_notes(backend, request))
+    return ordered
+
+
+def _notes(backend: Backend, request: Explanation) -> list[str]:
+    """Where the traces are incomplete for this request: evictions of stores they lack, and
+    telemetry loss (rule KVA007) in the processes of the replicas involved."""
+    notes: list[str] = []
+    unstored = [page.page for page in request.pages if page.cause == Cause.EVICTED and page.producer is None]
+    if unstored:
+        notes.append(
+            f"{len(unstored)} evicted page(s) have no store in these traces (the eviction proves one):"
+            " the store was not recorded (a sampled replica) or its span was lost"
+        )
+    involved = {request.replica} | {
+        name for page in request.pages for name in (page.producer, page.evicted_replica) if name
+    }
+    _, rows = backend.query(_LOSS)
+    for replica, _, lost, dropped_events in rows:
+        if replica not in involved:
+            continue
+        notes.append(
+            f"telemetry loss (KVA007) on {replica}: {lost} spans, exports or batches lost,"
+            f" {dropped_events} page descriptors dropped: causes there may miss a store or an eviction"
+        )
+    return notes
 
 
 def _with_rule(backend: Backend, page: ExplainedPage) -> ExplainedPage:

@@ -73,6 +73,8 @@ def write_table(explanation: Explanation, recompute_s: Sequence[float | None], c
     out.print()
     print_wide(out, by_cause)
     print_wide(out, Text(explanation.rates()))
+    for note in explanation.notes:
+        print_wide(out, cell(f"note: {note}"))
     print_wide(out, cell(cost_note))
 
 

@@ -6,12 +6,18 @@ makes a capacity eviction from `lmcache.local_cpu` end the copy a store put ther
 engine (tests/support/lmcache_engine.py) has a local CPU pool of four pages. Request a
 stores prompt A (3 pages), request b stores prompt B (3 pages), which evicts A's first
 two pages for capacity; request c then looks prompt A up (a miss) and stores it again,
-as a serving engine stores what it recomputed.
+as a serving engine stores what it recomputed. Request d looks up two pages of prompt D
+and stores three: the third is its output, no prompt page.
+
+At `sample_rate` 0.5 the hook records b and c, not a or d (by the CRC-32 of their ids,
+docs/design.md section 3.10): a's store is missing from the traces, but b's evictions of
+a's pages, which are always recorded, prove it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,17 +35,26 @@ from ..support.lmcache_engine import CHUNK, POOL_GB, hooked_engine, kv, sequence
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
-    traces = tmp_path_factory.mktemp("lmcache_explain")
-    with hooked_engine(traces, "explain", max_local_cpu_size=POOL_GB) as engine:
+def _run(traces: Path, sample_rate: float) -> Backend:
+    with hooked_engine(traces, f"explain-{sample_rate}", sample_rate, max_local_cpu_size=POOL_GB) as engine:
         for request, prompt in (("a", 1), ("b", 2), ("c", 1)):
             engine.lookup(sequence(prompt), lookup_id=request)
             engine.store(sequence(prompt), kvcache=kv(), req_id=request)
+        engine.lookup(sequence(4, pages=2), lookup_id="d")
+        engine.store(sequence(4), kvcache=kv(), req_id="d")  # the prompt and its output
     store = TraceStore([traces])
     store.refresh()
-    yield as_backend(store)
-    store.close()
+    return as_backend(store)
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    yield _run(tmp_path_factory.mktemp("lmcache_explain"), 1.0)
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    yield _run(tmp_path_factory.mktemp("lmcache_explain_sampled"), 0.5)
 
 
 def test_a_capacity_eviction_ends_the_copy_lmcache_stored(backend: Backend):
@@ -53,6 +68,7 @@ def test_a_capacity_eviction_ends_the_copy_lmcache_stored(backend: Backend):
     # The prefix the engine held at c's lookup began with an evicted page: nothing was achievable.
     assert [page.achievable for page in request.pages] == [False, False, False]
     assert request.rates().endswith("achievable 0 (0%): 0% left on the table")
+    assert request.notes == []
 
 
 def test_reuse_left_counts_no_evicted_page_as_achievable(backend: Backend):
@@ -61,7 +77,8 @@ def test_reuse_left_counts_no_evicted_page_as_achievable(backend: Backend):
     c = by_request["c"]
     assert (c["prompt_tokens"], c["hit_tokens"], c["achievable_tokens"], c["lost_tokens"]) == (3 * CHUNK, 0, 0, 0)
     assert (c["evicted"], c["prefix_broken"], c["never_stored"]) == (2 * CHUNK, CHUNK, 0)
-    assert {name: by_request[name]["never_stored"] for name in ("a", "b")} == {"a": 3 * CHUNK, "b": 3 * CHUNK}
+    never_stored = {name: by_request[name]["never_stored"] for name in "abd"}
+    assert never_stored == {"a": 3 * CHUNK, "b": 3 * CHUNK, "d": 2 * CHUNK}
 
 
 def test_occupancy_takes_the_tier_from_the_same_rule(backend: Backend):
@@ -70,3 +87,25 @@ def test_occupancy_takes_the_tier_from_the_same_rule(backend: Backend):
         ("lmcache.local_cpu", "cpu")
     }
     assert sum(row[columns.index("evicted")] for row in rows) >= 2
+
+
+def test_pages_stored_past_the_prompt_are_not_prompt_pages(backend: Backend):
+    (request,) = explain(backend, "d")
+    assert request.prompt_tokens == 2 * CHUNK
+    assert [(page.token_start, page.cause) for page in request.pages] == [
+        (0, Cause.NEVER_STORED),
+        (CHUNK, Cause.NEVER_STORED),
+    ]
+
+
+def test_an_eviction_proves_a_store_the_sample_left_out(sampled: Backend):
+    _, stored = sampled.query("SELECT DISTINCT request_id FROM pages WHERE op = 'store' ORDER BY 1")
+    assert stored == [("b",), ("c",)]
+    (request,) = explain(sampled, "c")
+    assert [page.cause for page in request.pages] == [Cause.EVICTED, Cause.EVICTED, Cause.NEVER_STORED]
+    assert request.pages[0].producer is None  # the store itself is not in the traces
+    assert request.pages[0].eviction().startswith("capacity from cpu of r1 (lmcache.local_cpu)")
+    assert request.notes == [
+        "2 evicted page(s) have no store in these traces (the eviction proves one):"
+        " the store was not recorded (a sampled replica) or its span was lost"
+    ]
