@@ -164,7 +164,9 @@ _COLUMNS: Final = tuple(f.name for f in fields(ExplainedPage) if f.name != "rule
 def explain(
     source: Source, request_id: str, *, replica: str | None = None, trace_id: str | None = None
 ) -> list[Explanation]:
-    """The request `request_id` on each replica that served it (or on `replica`), in replica order.
+    """The requests of id `request_id` on each replica that served it (or on `replica`), in replica
+    order, then in the order of their lookups: a lookup of an id after its fetches or stores on
+    that replica starts another request (docs/design.md section 7.1).
 
     Args:
         trace_id: only a request with a span in this trace.
@@ -172,19 +174,26 @@ def explain(
     backend = as_backend(source)
     variables = {"kvaudit_request_id": request_id, "kvaudit_replica": replica, "kvaudit_trace_id": trace_id}
     columns, rows = run_named(backend, QUERY, variables)
-    explanations: dict[tuple[str, str], Explanation] = {}
+    explanations: dict[tuple[str, int], Explanation] = {}
     for row in rows:
         values = dict(zip(columns, row))
         page = ExplainedPage(**{name: values[name] for name in _COLUMNS} | {"cause": Cause(values["cause"])})
         if page.cause == Cause.REJECTED:
             page = _with_rule(backend, page)
         request = explanations.setdefault(
-            (page.replica, page.request_id),
+            (page.replica, page.lookup_ns),
             Explanation(page.request_id, page.replica, page.lookup_ns, page.prompt_tokens),
         )
         request.pages.append(page)
     ordered = [explanations[key] for key in sorted(explanations)]
+    requests_on = Counter(request.replica for request in ordered)
     for request in ordered:
+        if requests_on[request.replica] > 1:
+            # An id reused on one replica (vLLM's offline ids restart with every process).
+            request.notes.append(
+                f"request id {request_id} names {requests_on[request.replica]} requests on {request.replica}:"
+                " each is explained, in the order of their lookups (--trace-id picks one)"
+            )
         request.notes.extend(_notes(backend, request))
     return ordered
 
