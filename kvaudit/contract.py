@@ -95,6 +95,9 @@ class Res:
     ENGINE: Final = "kvaudit.engine"
     ENGINE_VERSION: Final = "kvaudit.engine.version"
     PROCESS_PID: Final = "process.pid"
+    # When the process started (OpenTelemetry's semantic convention: ISO 8601): a process
+    # restarted with the same pid, as in a container, is another process (docs/design.md section 3.2).
+    PROCESS_CREATION_TIME: Final = "process.creation.time"
     KV_MODEL: Final = "kvaudit.kv.model"
     KV_DTYPE: Final = "kvaudit.kv.dtype"
     KV_LAYOUT: Final = "kvaudit.kv.layout"
@@ -385,6 +388,7 @@ RESOURCE_COLUMNS: Final[dict[str, tuple[str, Kind]]] = {
     "replica": (Res.REPLICA, Kind.STR),
     "service": (Res.SERVICE_NAME, Kind.STR),
     "pid": (Res.PROCESS_PID, Kind.INT),
+    "started": (Res.PROCESS_CREATION_TIME, Kind.STR),
     "schema": (Res.SCHEMA, Kind.INT),
     "engine": (Res.ENGINE, Kind.STR),
     "engine_version": (Res.ENGINE_VERSION, Kind.STR),

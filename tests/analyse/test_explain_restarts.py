@@ -4,21 +4,31 @@ vLLM's offline ids ("0", "1", ...) restart with every process, so one request id
 replica can name several requests: a lookup of an id that was fetched or stored since its
 last lookup starts another request. Each is explained on its own, in the order of the
 lookups, and `--trace-id` picks one.
+
+In a container a restarted process often has the same pid: its resource differs from the
+old one's only in `process.creation.time` (docs/design.md section 3.2), simulated here by
+two emitters in one test process whose start times differ. A raw-pointer page stored
+before the restart and fetched after it is another process's: rule KVA002 fires. Traces
+written without the start time keep the old answer: the same pid and configuration are
+one process.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kvaudit.analyse.audit import run_audit
 from kvaudit.analyse.explain import explain
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Backend, as_backend
 from kvaudit.causes import Cause
 from kvaudit.cli import main
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Res
+from kvaudit.emit import setup
 from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
@@ -52,17 +62,21 @@ def _fetch(emitter: Emitter, request_id: str) -> None:
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Request id "0" served twice by replica r1, by a process and then by its restart:
-    the first time computed and stored in its CPU tier, the second time fetched from there."""
+    """Request id "0" served twice by replica r1, by a process and then by its restart with
+    the same pid: the first time computed and stored in its CPU tier (pages with a raw
+    address), the second time fetched from there."""
     folder = tmp_path_factory.mktemp("restarts")
-    first = setup_emitter("r1", f"file:{folder}/first.jsonl", kv=KV, export_delay_s=0.01)
-    _lookup(first, "0")
-    _store(first, "0")
-    first.shutdown()
-    second = setup_emitter("r1", f"file:{folder}/second.jsonl", kv=KV, export_delay_s=0.01)
-    _lookup(second, "0", hit=PAGES)
-    _fetch(second, "0")
-    second.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, started in (("first", "2026-12-07T10:00:00.000Z"), ("second", "2026-12-07T10:05:00.000Z")):
+            patch.setattr(setup, "process_started", lambda started=started: started)
+            emitter = setup_emitter("r1", f"file:{folder}/{name}.jsonl", kv=KV, export_delay_s=0.01)
+            if name == "first":
+                _lookup(emitter, "0")
+                _store(emitter, "0")
+            else:
+                _lookup(emitter, "0", hit=PAGES)
+                _fetch(emitter, "0")
+            emitter.shutdown()
     return folder
 
 
@@ -99,3 +113,39 @@ def test_the_trace_id_picks_one_of_them(traces: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert out.count("request 0 on r1") == 1 and "hit_local" in out and "never_stored" not in out
     assert "names 2 requests" not in out
+
+
+def _kva002(traces: Path) -> list:
+    store = TraceStore([traces])
+    store.refresh()
+    try:
+        return [finding for finding in run_audit(store) if finding.code == "KVA002"]
+    finally:
+        store.close()
+
+
+def test_a_raw_pointer_stored_before_a_same_pid_restart_is_another_processs(traces: Path):
+    store = TraceStore([traces])
+    store.refresh()
+    _, processes = store.query("SELECT DISTINCT pid, started FROM replicas ORDER BY started")
+    store.close()
+    assert [started for _, started in processes] == ["2026-12-07T10:00:00.000Z", "2026-12-07T10:05:00.000Z"]
+    assert len({pid for pid, _ in processes}) == 1
+    findings = _kva002(traces)
+    assert len(findings) == PAGES
+    assert {(f.severity, f.producer, f.message) for f in findings} == {
+        ("critical", "r1", "fetched page refers to an address local to another process of replica r1")
+    }
+
+
+def test_traces_without_a_start_time_keep_a_same_pid_restart_one_process(traces: Path, tmp_path: Path):
+    for file in traces.glob("*.jsonl"):
+        lines = []
+        for line in file.read_text().splitlines():
+            data = json.loads(line)
+            for resource_spans in data["resourceSpans"]:
+                attributes = resource_spans["resource"]["attributes"]
+                attributes[:] = [a for a in attributes if a["key"] != Res.PROCESS_CREATION_TIME]
+            lines.append(json.dumps(data))
+        (tmp_path / file.name).write_text("\n".join(lines) + "\n")
+    assert _kva002(tmp_path) == []
