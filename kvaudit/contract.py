@@ -84,6 +84,7 @@ class Kind(StrEnum):
     INT = "int"
     BOOL = "bool"
     INTS = "ints"  # an array of integers
+    DOUBLE = "double"
 
 
 class Res:
@@ -392,6 +393,7 @@ RESOURCE_COLUMNS: Final[dict[str, tuple[str, Kind]]] = {
     "schema": (Res.SCHEMA, Kind.INT),
     "engine": (Res.ENGINE, Kind.STR),
     "engine_version": (Res.ENGINE_VERSION, Kind.STR),
+    "sample_rate": (Res.SAMPLE_RATE, Kind.DOUBLE),
     **_record_columns(KVConfig, _RES_ATTR_OF_KV_FIELD),
 }
 _SPAN_ATTR_KINDS: Final[dict[str, Kind]] = {

@@ -199,8 +199,9 @@ def explain(
 
 
 def _notes(backend: Backend, request: Explanation) -> list[str]:
-    """Where the traces are incomplete for this request: evictions of stores they lack, and
-    telemetry loss (rule KVA007) in the processes of the replicas involved."""
+    """Where the traces are incomplete for this request: evictions of stores they lack, replicas
+    that record a share of their requests, and telemetry loss (rule KVA007), among the replicas
+    involved (its own, its pages' producers, the evicting ones)."""
     notes: list[str] = []
     unstored = [page.page for page in request.pages if page.cause == Cause.EVICTED and page.producer is None]
     if unstored:
@@ -211,6 +212,15 @@ def _notes(backend: Backend, request: Explanation) -> list[str]:
     involved = {request.replica} | {
         name for page in request.pages for name in (page.producer, page.evicted_replica) if name
     }
+    _, rates = backend.query(
+        "SELECT replica, min(sample_rate) FROM replicas WHERE sample_rate IS NOT NULL GROUP BY replica ORDER BY replica"
+    )
+    for replica, rate in rates:
+        if replica in involved:
+            notes.append(
+                f"{replica} records a share of its requests (sample rate {rate:g}, docs/design.md section 3.10):"
+                " a store by a request it did not record is not in these traces"
+            )
     _, rows = backend.query(_LOSS)
     for replica, _, lost, dropped_events in rows:
         if replica not in involved:

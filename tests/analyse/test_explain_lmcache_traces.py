@@ -107,5 +107,9 @@ def test_an_eviction_proves_a_store_the_sample_left_out(sampled: Backend):
     assert request.pages[0].eviction().startswith("capacity from cpu of r1 (lmcache.local_cpu)")
     assert request.notes == [
         "2 evicted page(s) have no store in these traces (the eviction proves one):"
-        " the store was not recorded (a sampled replica) or its span was lost"
+        " the store was not recorded (a sampled replica) or its span was lost",
+        "r1 records a share of its requests (sample rate 0.5, docs/design.md section 3.10):"
+        " a store by a request it did not record is not in these traces",
     ]
+    _, rates = sampled.query("SELECT DISTINCT sample_rate FROM replicas")
+    assert rates == [(0.5,)]
