@@ -142,10 +142,36 @@ class Explanation:
         """The hit rate beside the achievable one, in words."""
         prompt = self.prompt_tokens or sum(page.tokens for page in self.pages)
         hit, achievable = self.hit_tokens, self.achievable_tokens
-        return (
+        text = (
             f"hit {hit:,} of {prompt:,} prompt tokens ({_share(hit, prompt)}); achievable {achievable:,}"
             f" ({_share(achievable, prompt)}): {_share(achievable - hit, prompt)} left on the table"
         )
+        # What the fleet had held but lost before the lookup: no copy was left to achieve, yet
+        # a request that lost everything to eviction did not miss "nothing".
+        by_cause = self.tokens_by_cause()
+        lost = [
+            f"{what} {by_cause[cause]:,} ({_share(by_cause[cause], prompt)})"
+            for cause, what in ((Cause.EVICTED, "to eviction"), (Cause.STORED_AFTER_LOOKUP, "to the store race"))
+            if by_cause[cause]
+        ]
+        return text + (f"; lost {' and '.join(lost)}" if lost else "")
+
+    def runs(self) -> list[list[ExplainedPage]]:
+        """The pages in runs of consecutive pages with the same cause, copy and rule: what the
+        table shows as one row each."""
+        runs: list[list[ExplainedPage]] = []
+        for page in self.pages:
+            last = runs[-1][-1] if runs else None
+            if last is not None and (last.cause, last.where, last.producer, last.rule) == (
+                page.cause,
+                page.where,
+                page.producer,
+                page.rule,
+            ):
+                runs[-1].append(page)
+            else:
+                runs.append([page])
+        return runs
 
 
 def _where(tier: str | None, holder: str | None) -> str:
