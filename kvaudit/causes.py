@@ -37,3 +37,19 @@ HITS: Final = frozenset({Cause.HIT_GPU, Cause.HIT_LOCAL, Cause.HIT_POOL})
 # The causes of a missed page, in the order they are decided: also the columns of missed
 # tokens in `queries/reuse_left_requests.sql` and `reuse_left.sql`.
 MISSES: Final = tuple(cause for cause in Cause if not cause.hit)
+# What to do about a missed page, in one line per cause (`kvaudit explain` prints it beside
+# each cause's tokens): the lever an SRE has for it.
+REMEDIES: Final = {
+    Cause.REJECTED: "the guard refused an incompatible page (its rule is shown): align the producer's KV"
+    " configuration with this replica's, or key pages by geometry (`prevent`)",
+    Cause.PREFIX_BROKEN: "engines reuse only an unbroken prefix: remove the first miss before these pages",
+    Cause.ROUTED_AWAY: "routing: send the session to the replica that holds its prefix (session affinity,"
+    " prefix-aware routing), or share the tier",
+    Cause.INCOMPATIBLE_PRODUCER: "a rolling upgrade's other geometry: finish the upgrade, or key pages by"
+    " geometry (`prevent`) so that replicas of each geometry reuse their own",
+    Cause.EVICTED: "pool capacity: the copy was evicted before its reuse; grow the pool or tier"
+    " (`kvaudit report`'s capacity curve), or shorten the time to reuse",
+    Cause.STORED_AFTER_LOOKUP: "concurrency of identical prompts: another request was computing these pages;"
+    " hold requests of a prefix being computed, or stagger them",
+    Cause.NEVER_STORED: "first seen: nothing held these tokens before (or their store is not in the traces)",
+}

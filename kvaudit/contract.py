@@ -84,6 +84,7 @@ class Kind(StrEnum):
     INT = "int"
     BOOL = "bool"
     INTS = "ints"  # an array of integers
+    DOUBLE = "double"
 
 
 class Res:
@@ -95,6 +96,9 @@ class Res:
     ENGINE: Final = "kvaudit.engine"
     ENGINE_VERSION: Final = "kvaudit.engine.version"
     PROCESS_PID: Final = "process.pid"
+    # When the process started (OpenTelemetry's semantic convention: ISO 8601): a process
+    # restarted with the same pid, as in a container, is another process (docs/design.md section 3.2).
+    PROCESS_CREATION_TIME: Final = "process.creation.time"
     KV_MODEL: Final = "kvaudit.kv.model"
     KV_DTYPE: Final = "kvaudit.kv.dtype"
     KV_LAYOUT: Final = "kvaudit.kv.layout"
@@ -385,9 +389,11 @@ RESOURCE_COLUMNS: Final[dict[str, tuple[str, Kind]]] = {
     "replica": (Res.REPLICA, Kind.STR),
     "service": (Res.SERVICE_NAME, Kind.STR),
     "pid": (Res.PROCESS_PID, Kind.INT),
+    "started": (Res.PROCESS_CREATION_TIME, Kind.STR),
     "schema": (Res.SCHEMA, Kind.INT),
     "engine": (Res.ENGINE, Kind.STR),
     "engine_version": (Res.ENGINE_VERSION, Kind.STR),
+    "sample_rate": (Res.SAMPLE_RATE, Kind.DOUBLE),
     **_record_columns(KVConfig, _RES_ATTR_OF_KV_FIELD),
 }
 _SPAN_ATTR_KINDS: Final[dict[str, Kind]] = {

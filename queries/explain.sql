@@ -1,4 +1,5 @@
 -- explain: every page of a request's prompt, in order: what became of it at the lookup, and why.
+-- Includes: store_events AS store_events
 --
 -- Question: why did this request miss? For each page of its prompt, its cause in the
 --   vocabulary of docs/design.md section 7 (hit_gpu, hit_local, hit_pool, rejected,
@@ -18,22 +19,40 @@
 --   tier, holder, producer, stored_ns (the copy the cause is about, docs/design.md section
 --   7.2: where it sat, the replica whose store held it (NULL: the shared pool), who stored
 --   it and when). `explain_evictions` adds each page's last eviction.
-WITH request_spans AS (
-    SELECT replica, request_id, trace_id, resource_id, op, start_ns, tokens_requested, tokens_local
+WITH id_spans AS (
+    -- Each span of a request id on a replica, with the id's latest lookup and latest fetch or
+    -- store on that replica before it.
+    SELECT replica, request_id, trace_id, span_id, resource_id, op, start_ns, tokens_requested, tokens_local,
+           max(CASE WHEN op = 'lookup' THEN start_ns END) OVER before AS last_lookup_ns,
+           max(CASE WHEN op <> 'lookup' THEN start_ns END) OVER before AS last_io_ns
     FROM spans
     WHERE op IN ('lookup', 'fetch', 'store') AND request_id IS NOT NULL
       AND (getvariable('kvaudit_request_id') IS NULL OR request_id = getvariable('kvaudit_request_id'))
       AND (getvariable('kvaudit_replica') IS NULL OR replica = getvariable('kvaudit_replica'))
+    WINDOW before AS (PARTITION BY replica, request_id
+                      ORDER BY start_ns, CASE WHEN op = 'lookup' THEN 0 ELSE 1 END, span_id
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+),
+request_spans AS (
+    -- A lookup of an id fetched or stored since its last lookup starts another request of
+    -- that id (vLLM's offline ids restart with every process): `ordinal` numbers them.
+    SELECT *,
+           sum(CASE WHEN op = 'lookup' AND last_io_ns >= coalesce(last_lookup_ns, last_io_ns) THEN 1 ELSE 0 END)
+               OVER (PARTITION BY replica, request_id
+                     ORDER BY start_ns, CASE WHEN op = 'lookup' THEN 0 ELSE 1 END, span_id
+                     ROWS UNBOUNDED PRECEDING) AS ordinal
+    FROM id_spans
 ),
 requests AS (
-    SELECT replica, request_id,
+    SELECT replica, request_id, ordinal,
            coalesce(min(start_ns) FILTER (WHERE op = 'lookup'), min(start_ns)) AS lookup_ns,
            coalesce(arg_min(resource_id, start_ns) FILTER (WHERE op = 'lookup'),
                     arg_min(resource_id, start_ns)) AS consumer_id,
            coalesce(max(tokens_requested) FILTER (WHERE op = 'lookup'), max(tokens_requested)) AS prompt_tokens,
+           max(tokens_requested) FILTER (WHERE op = 'lookup') AS looked_up_tokens,
            coalesce(max(tokens_local) FILTER (WHERE op = 'lookup'), 0) AS local_tokens
     FROM request_spans
-    GROUP BY replica, request_id
+    GROUP BY replica, request_id, ordinal
     HAVING getvariable('kvaudit_trace_id') IS NULL
         OR count(*) FILTER (WHERE trace_id = getvariable('kvaudit_trace_id')) > 0
 ),
@@ -49,28 +68,22 @@ prompt AS (
            count(*) FILTER (WHERE p.op = 'lookup' AND p.tier = 'gpu') > 0 OR min(p.token_end) <= r.local_tokens
                AS in_gpu
     FROM pages p
-    JOIN requests r ON r.replica = p.replica AND r.request_id = p.request_id
+    JOIN request_spans s ON s.trace_id = p.trace_id AND s.span_id = p.span_id AND s.replica = p.replica
+    JOIN requests r ON r.replica = s.replica AND r.request_id = s.request_id AND r.ordinal = s.ordinal
     WHERE p.op IN ('lookup', 'fetch', 'store') AND p.key IS NOT NULL AND p.token_start IS NOT NULL
+      -- A page the request stored past the tokens its lookup asked for (its output) is no prompt page.
+      AND (r.looked_up_tokens IS NULL OR p.token_end <= r.looked_up_tokens)
       AND (getvariable('kvaudit_request_id') IS NULL OR p.request_id = getvariable('kvaudit_request_id'))
       AND (getvariable('kvaudit_replica') IS NULL OR p.replica = getvariable('kvaudit_replica'))
     GROUP BY r.replica, r.request_id, r.lookup_ns, r.consumer_id, r.prompt_tokens, r.local_tokens, p.token_start
 ),
 events AS (
-    -- Every store and eviction of the prompts' keys, each in the store it concerns (tier and
-    -- holder '' for none). `seq` orders them: by time, evictions first at equal times; a
-    -- lookup at time T sees every event of seq <= 2T + 1 (its `at_seq`).
-    SELECT key, op, time_ns, time_ns * 2 + CASE WHEN op = 'store' THEN 1 ELSE 0 END AS seq, replica, request_id,
-           coalesce(tier, '') AS tier, store_backend,
-           CASE WHEN tier = 'remote' THEN '' ELSE replica END AS holder,
+    -- Every store and eviction of the prompts' keys, each in the store it concerns
+    -- (queries/store_events.sql: the one rule for which copy an eviction ended).
+    SELECT key, op, time_ns, seq, replica, request_id, tier, backend AS store_backend, holder,
            model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size
-    FROM (
-        -- An LMCache store names each of its targets, comma-separated.
-        SELECT key, op, time_ns, replica, request_id, tier,
-               unnest(string_split(coalesce(backend, ''), ',')) AS store_backend,
-               model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size
-        FROM pages
-        WHERE op IN ('store', 'evict') AND key IN (SELECT key FROM prompt)
-    ) e
+    FROM store_events
+    WHERE key IN (SELECT key FROM prompt)
 ),
 segments AS (
     -- Each store of a page's key, with the `seq` of the key's next event in the same store:
@@ -80,11 +93,12 @@ segments AS (
     FROM events
 ),
 first_stores AS (
-    SELECT key, min(seq) AS first_seq FROM events WHERE op = 'store' GROUP BY key
+    -- An eviction proves an earlier store, recorded or not (a sampled trace, lost spans).
+    SELECT key, min(seq) AS first_seq FROM events GROUP BY key
 ),
 copies AS (
     -- Each page beside every copy of its key present at its lookup, anywhere in the fleet.
-    SELECT p.replica, p.request_id, p.token_start, c.time_ns, c.replica AS writer, c.tier, c.holder,
+    SELECT p.replica, p.request_id, p.lookup_ns, p.token_start, c.time_ns, c.replica AS writer, c.tier, c.holder,
            c.holder = '' OR c.holder = p.replica AS reachable,
            (c.model IS NULL OR k.model IS NULL OR c.model = k.model)
                AND (c.dtype IS NULL OR k.dtype IS NULL OR c.dtype = k.dtype)
@@ -105,7 +119,7 @@ copies AS (
 seen AS (
     -- What each page's present copies say, and the copy each cause is about: (tier, holder,
     -- writer, stored time) of the latest such copy ('' for none: an engine may skip NULLs).
-    SELECT replica, request_id, token_start,
+    SELECT replica, request_id, lookup_ns, token_start,
            count(*) FILTER (WHERE reachable AND compatible) > 0 AS near,
            count(*) FILTER (WHERE NOT reachable AND compatible) > 0 AS far,
            arg_max(tier, time_ns) FILTER (WHERE source) AS source_tier,
@@ -125,7 +139,7 @@ seen AS (
            arg_max(writer, time_ns) AS any_writer,
            max(time_ns) AS any_ns
     FROM copies
-    GROUP BY replica, request_id, token_start
+    GROUP BY replica, request_id, lookup_ns, token_start
 ),
 status AS (
     -- Each page with its present copies' verdicts, and whether its key was stored anywhere before the lookup.
@@ -133,18 +147,19 @@ status AS (
            s.near, s.far, s.any_ns, s.source_writer
     FROM prompt p
     LEFT JOIN first_stores f ON f.key = p.key
-    LEFT JOIN seen s ON s.replica = p.replica AND s.request_id = p.request_id AND s.token_start = p.token_start
+    LEFT JOIN seen s ON s.replica = p.replica AND s.request_id = p.request_id AND s.lookup_ns = p.lookup_ns
+                   AND s.token_start = p.token_start
 ),
 last_stores AS (
     -- The latest store up to the lookup, where a cause is about it: an evicted page (no copy
     -- left), or a used one whose copy is not in the store it came from (another replica's).
-    SELECT p.replica, p.request_id, p.token_start, max(e.time_ns) AS last_ns,
+    SELECT p.replica, p.request_id, p.lookup_ns, p.token_start, max(e.time_ns) AS last_ns,
            arg_max(e.replica, e.seq) AS last_writer, arg_max(e.tier, e.seq) AS last_tier,
            arg_max(e.holder, e.seq) AS last_holder
     FROM status p
     JOIN events e ON e.key = p.key AND e.op = 'store' AND e.seq <= p.at_seq
     WHERE p.any_ns IS NULL AND p.stored_before OR (p.used OR p.in_gpu) AND p.source_writer IS NULL
-    GROUP BY p.replica, p.request_id, p.token_start
+    GROUP BY p.replica, p.request_id, p.lookup_ns, p.token_start
 ),
 later_stores AS (
     -- Stores after the lookup of pages stored nowhere before it, by requests other than this one.
@@ -163,7 +178,7 @@ writers AS (
 ),
 races AS (
     -- The first of those stores by a request already under way at the lookup.
-    SELECT l.replica, l.request_id, l.token_start,
+    SELECT l.replica, l.request_id, l.lookup_ns, l.token_start,
            min(l.time_ns) AS next_ns,
            arg_min(l.tier, l.time_ns) AS next_tier,
            arg_min(l.holder, l.time_ns) AS next_holder,
@@ -171,7 +186,7 @@ races AS (
     FROM later_stores l
     JOIN writers w ON w.replica = l.writer AND w.request_id = l.writer_request
     WHERE w.start_ns <= l.lookup_ns
-    GROUP BY l.replica, l.request_id, l.token_start
+    GROUP BY l.replica, l.request_id, l.lookup_ns, l.token_start
 ),
 decided AS (
     SELECT p.replica, p.request_id, p.lookup_ns, p.prompt_tokens, p.token_start, p.token_end, p.key, p.in_gpu,
@@ -185,7 +200,7 @@ decided AS (
                     AND coalesce(s.source_writer, l.last_writer) = p.replica THEN 'hit_local'
                WHEN p.used THEN 'hit_pool'
                WHEN p.fetched AND p.token_start = min(CASE WHEN p.fetched AND NOT p.used THEN p.token_start END)
-                        OVER (PARTITION BY p.replica, p.request_id) THEN 'rejected'
+                        OVER (PARTITION BY p.replica, p.request_id, p.lookup_ns) THEN 'rejected'
                WHEN p.fetched OR s.near THEN 'prefix_broken'
                WHEN s.far THEN 'routed_away'
                WHEN s.any_ns IS NOT NULL THEN 'incompatible_producer'
@@ -196,15 +211,18 @@ decided AS (
            -- Achievable: used, or a compatible copy present anywhere in the fleet at the lookup.
            p.used OR p.in_gpu OR coalesce(s.near, false) OR coalesce(s.far, false) AS available
     FROM status p
-    LEFT JOIN seen s ON s.replica = p.replica AND s.request_id = p.request_id AND s.token_start = p.token_start
-    LEFT JOIN last_stores l ON l.replica = p.replica AND l.request_id = p.request_id AND l.token_start = p.token_start
-    LEFT JOIN races r ON r.replica = p.replica AND r.request_id = p.request_id AND r.token_start = p.token_start
+    LEFT JOIN seen s ON s.replica = p.replica AND s.request_id = p.request_id AND s.lookup_ns = p.lookup_ns
+                   AND s.token_start = p.token_start
+    LEFT JOIN last_stores l ON l.replica = p.replica AND l.request_id = p.request_id AND l.lookup_ns = p.lookup_ns
+                            AND l.token_start = p.token_start
+    LEFT JOIN races r ON r.replica = p.replica AND r.request_id = p.request_id AND r.lookup_ns = p.lookup_ns
+                      AND r.token_start = p.token_start
 )
 SELECT d.request_id, d.replica, d.lookup_ns, d.prompt_tokens,
-       row_number() OVER (PARTITION BY d.replica, d.request_id ORDER BY d.token_start) - 1 AS page,
+       row_number() OVER (PARTITION BY d.replica, d.request_id, d.lookup_ns ORDER BY d.token_start) - 1 AS page,
        d.token_start, d.token_end, d.key, d.cause,
        d.token_start < coalesce(min(CASE WHEN NOT d.available THEN d.token_start END)
-                                    OVER (PARTITION BY d.replica, d.request_id), 9223372036854775807) AS achievable,
+                                    OVER (PARTITION BY d.replica, d.request_id, d.lookup_ns), 9223372036854775807) AS achievable,
        nullif(CASE WHEN d.cause IN ('hit_gpu', 'hit_local', 'hit_pool', 'rejected')
                        THEN CASE WHEN d.in_gpu THEN 'gpu' ELSE d.fetched_tier END
                    WHEN d.cause = 'prefix_broken' THEN d.near_tier
@@ -232,4 +250,4 @@ SELECT d.request_id, d.replica, d.lookup_ns, d.prompt_tokens,
             WHEN d.cause = 'evicted' THEN d.last_ns
             WHEN d.cause = 'stored_after_lookup' THEN d.next_ns END AS stored_ns
 FROM decided d
-ORDER BY d.replica, d.request_id, d.token_start
+ORDER BY d.replica, d.request_id, d.lookup_ns, d.token_start

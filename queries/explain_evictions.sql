@@ -1,5 +1,6 @@
 -- explain_evictions: the pages of `explain`, each with its last eviction before its request's lookup.
 -- Includes: explain AS explain_pages
+-- Includes: store_events AS store_events
 --
 -- Question: where did the copies of a request's pages go? For each page that `explain`
 --   gives (queries/explain.sql, read here as `explain_pages`), the last eviction of its
@@ -12,15 +13,13 @@
 --   evict_reason (the evict span's kvaudit.evict.reason) and evicted_by (the evict span's
 --   request: the one whose store pushed the page out, where the trace names one).
 WITH evictions AS (
-    -- Each eviction of the pages' keys; `seq` as explain orders events: a lookup at time T
-    -- sees an eviction at T (2T <= 2T + 1).
-    SELECT p.key, p.time_ns, p.time_ns * 2 AS seq, p.replica, p.request_id, p.backend,
-           coalesce(p.tier, '') AS tier, CASE WHEN p.tier = 'remote' THEN '' ELSE p.replica END AS holder,
-           s.evict_reason
-    FROM pages p
+    -- Each eviction of the pages' keys, in the store it ended (queries/store_events.sql); `seq`
+    -- as explain orders events: a lookup at time T sees an eviction at T (2T <= 2T + 1).
+    SELECT e.key, e.time_ns, e.seq, e.replica, e.request_id, nullif(e.backend, '') AS backend, e.tier, e.holder, s.evict_reason
+    FROM store_events e
     LEFT JOIN (SELECT trace_id, span_id, evict_reason FROM spans WHERE op = 'evict') s
-        ON s.trace_id = p.trace_id AND s.span_id = p.span_id
-    WHERE p.op = 'evict' AND p.key IN (SELECT key FROM explain_pages)
+        ON s.trace_id = e.trace_id AND s.span_id = e.span_id
+    WHERE e.op = 'evict' AND e.key IN (SELECT key FROM explain_pages)
 ),
 looked_up AS (
     SELECT request_id, replica, lookup_ns, lookup_ns * 2 + 1 AS at_seq, prompt_tokens, page, token_start,

@@ -6,8 +6,9 @@
 --           is stored or fetched again after the eviction)?
 -- Parameters: kvaudit_skew_s (DOUBLE, default 1.0): allowed clock skew in seconds.
 -- Columns: replica, pages_stored, bytes_stored, wasted_stores (stored pages whose key is
---          never fetched after the store), wasted_bytes, pages_fetched (fetches of pages
---          this replica produced: the earliest earlier store of their key was its),
+--          never fetched after the store), wasted_bytes, reused_pages (fetches, by any
+--          replica, of pages this replica produced: the earliest earlier store of their key
+--          was its; `summary`'s pages_fetched counts a replica's own fetches),
 --          reuse_p50_s, reuse_p90_s, reuse_p99_s (fetch time minus producer store time),
 --          evicted_pages, evicted_before_reuse.
 WITH skew AS (
@@ -37,7 +38,7 @@ stored AS (
     GROUP BY s.replica
 ),
 reused AS (
-    SELECT f.producer AS replica, count(*) AS pages_fetched,
+    SELECT f.producer AS replica, count(*) AS reused_pages,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY (p.time_ns - f.stored_ns) / 1e9) AS reuse_p50_s,
            percentile_cont(0.9) WITHIN GROUP (ORDER BY (p.time_ns - f.stored_ns) / 1e9) AS reuse_p90_s,
            percentile_cont(0.99) WITHIN GROUP (ORDER BY (p.time_ns - f.stored_ns) / 1e9) AS reuse_p99_s
@@ -60,7 +61,7 @@ SELECT r.replica,
        coalesce(s.bytes_stored, 0) AS bytes_stored,
        coalesce(s.wasted_stores, 0) AS wasted_stores,
        coalesce(s.wasted_bytes, 0) AS wasted_bytes,
-       coalesce(u.pages_fetched, 0) AS pages_fetched,
+       coalesce(u.reused_pages, 0) AS reused_pages,
        u.reuse_p50_s, u.reuse_p90_s, u.reuse_p99_s,
        coalesce(e.evicted_pages, 0) AS evicted_pages,
        coalesce(e.evicted_before_reuse, 0) AS evicted_before_reuse

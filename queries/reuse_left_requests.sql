@@ -2,7 +2,8 @@
 -- Includes: explain AS explain_pages
 --
 -- Question: which requests lost the most reuse, and to what? For every request
---   (queries/explain.sql, read here as `explain_pages`), its hit tokens beside its
+--   (queries/explain.sql, read here as `explain_pages`; one request id on one replica names
+--   one request per lookup that followed its fetches or stores, docs/design.md section 7.1), its hit tokens beside its
 --   achievable ones (docs/design.md section 7.3), and the tokens of its missed pages per
 --   cause (section 7.2). `kvaudit explain` takes it from there, one request at a time;
 --   `reuse_left` sums it per replica and time bucket.
@@ -12,8 +13,7 @@
 --   lost_tokens (achievable - hit), and the tokens of the missed pages per cause: rejected,
 --   prefix_broken, routed_away, incompatible_producer, evicted, stored_after_lookup,
 --   never_stored.
-SELECT replica, request_id,
-       min(lookup_ns) AS lookup_ns,
+SELECT replica, request_id, lookup_ns,
        max(prompt_tokens) AS prompt_tokens,
        coalesce(sum(token_end - token_start) FILTER (WHERE cause IN ('hit_gpu', 'hit_local', 'hit_pool')), 0)
            AS hit_tokens,
@@ -30,5 +30,5 @@ SELECT replica, request_id,
        coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'stored_after_lookup'), 0) AS stored_after_lookup,
        coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'never_stored'), 0) AS never_stored
 FROM explain_pages
-GROUP BY replica, request_id
-ORDER BY lost_tokens DESC, replica, request_id
+GROUP BY replica, request_id, lookup_ns
+ORDER BY lost_tokens DESC, replica, request_id, lookup_ns

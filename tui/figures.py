@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from kvaudit.analyse.audit import pages_found
 from kvaudit.analyse.named_queries import load
 from kvaudit.backends import Backend
 from kvaudit.tui.alerting import AlertRow
@@ -34,7 +35,8 @@ class ReplicaFigures:
     fetch_gbps: float | None
     p99_fetch_ms: float | None
     rejected_pages: int
-    critical_findings: int | None  # in the window; None: no auditor, or (critical_pending) not audited yet
+    # Fetched pages with a critical finding in the window; None: no auditor, or (critical_pending) not audited yet.
+    critical_pages: int | None
     activity: tuple[int, ...]  # tokens hit per time bucket over the window, oldest first
     critical_pending: bool = False  # the first audit has not finished: unknown, not zero
 
@@ -142,8 +144,9 @@ def compute_figures(
         activity[replica][min(bucket, SPARK_BUCKETS - 1)] += int(tokens)
     critical: dict[str | None, int] = defaultdict(int)
     findings = analysed["findings"]
-    for finding in findings or ():
-        critical[finding.replica] += finding.severity == CRITICAL
+    # One bad page is one, whichever rules fired on it.
+    for page in pages_found(findings or (), CRITICAL):
+        critical[page.replica] += 1
     replicas = tuple(
         ReplicaFigures(
             replica=replica,
@@ -155,7 +158,7 @@ def compute_figures(
             fetch_gbps=gbps,
             p99_fetch_ms=p99,
             rejected_pages=sum(c.rejected_pages for c in reuse if c.consumer == replica),
-            critical_findings=None if findings is None else critical[replica],
+            critical_pages=None if findings is None else critical[replica],
             activity=tuple(activity[replica]),
             critical_pending=analysis.findings_pending,
         )

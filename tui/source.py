@@ -166,11 +166,13 @@ class LiveSource:
         with self._lock:
             return lost_requests(self.backend, replica, since_ns)
 
-    def explanation(self, replica: str, request_id: str) -> Explanation | None:
-        """`kvaudit explain` of one request on `replica` (None: no such request in the traces)."""
+    def explanation(self, replica: str, request_id: str, lookup_ns: int | None = None) -> Explanation | None:
+        """`kvaudit explain` of one request on `replica`: the one looked up at `lookup_ns` where
+        given (an id may name several requests), else the first (None: no such request in the traces)."""
         with self._lock:
             found = explain(self.backend, request_id, replica=replica)
-        return found[0] if found else None
+        chosen = [request for request in found if lookup_ns is None or request.lookup_ns == lookup_ns]
+        return chosen[0] if chosen else None
 
     def close(self) -> None:
         """Stop an audit in flight (it would hold the connections open), then close both connections."""

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.resources import files
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -175,3 +175,45 @@ def sort_key(finding: Finding) -> tuple[Any, ...]:
         finding.file or "",
         finding.line or 0,
     )
+
+
+@dataclass(frozen=True)
+class PageFound:
+    """One fetched page that rules fired on: several rules on one page (KVA005 and KVA008 on a
+    page of another geometry) are one bad page, counted once."""
+
+    replica: str | None
+    trace_id: str | None
+    span_id: str | None
+    key: str
+    severity: str  # the most severe of its findings
+    rules: tuple[str, ...]  # the codes that fired on it, in code order
+
+
+class _OnAPage(Protocol):
+    """What `pages_found` reads of a finding (a `Finding`, or the TUI's row of one)."""
+
+    code: str
+    severity: str
+    replica: str | None
+    trace_id: str | None
+    span_id: str | None
+    key: str | None
+
+
+def pages_found(found: Iterable[_OnAPage], severity: str | None = None) -> list[PageFound]:
+    """The pages the findings are about, one each (findings with no page, such as an unreadable
+    line, left out), in the order of their first finding; only those of `severity` where given."""
+    by_page: dict[tuple[str | None, str | None, str | None, str], list[_OnAPage]] = {}
+    for finding in found:
+        if finding.key is not None:
+            by_page.setdefault((finding.replica, finding.trace_id, finding.span_id, finding.key), []).append(finding)
+    pages = [
+        PageFound(
+            *page,
+            severity=min((f.severity for f in on_page), key=lambda name: SEVERITY_ORDER.get(name, len(SEVERITY_ORDER))),
+            rules=tuple(sorted({f.code for f in on_page})),
+        )
+        for page, on_page in by_page.items()
+    ]
+    return [page for page in pages if severity is None or page.severity == severity]

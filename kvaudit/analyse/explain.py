@@ -34,6 +34,18 @@ FROM pages p LEFT JOIN replicas r ON r.resource_id = p.resource_id
 WHERE p.op = 'fetch' AND p.used = false AND p.request_id = getvariable('kvaudit_request_id')
   AND p.replica = getvariable('kvaudit_replica') AND p.token_start = getvariable('kvaudit_token_start')
 """
+# What rule KVA007 counts as lost, per process of the replicas involved (the counts are cumulative
+# per process: the largest is the total).
+_LOSS: Final = """
+SELECT replica, resource_id,
+       coalesce(max(telemetry_dropped_spans), 0) + coalesce(max(telemetry_failed_exports), 0)
+           + coalesce(max(telemetry_errors), 0) + coalesce(max(telemetry_lost_batches), 0) AS lost,
+       coalesce(sum(dropped_events), 0) AS dropped_events
+FROM spans
+GROUP BY replica, resource_id
+HAVING lost > 0 OR dropped_events > 0
+ORDER BY replica, resource_id
+"""
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class Explanation:
     lookup_ns: int
     prompt_tokens: int | None
     pages: list[ExplainedPage] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the traces lack that the answer depends on
 
     @property
     def hit_tokens(self) -> int:
@@ -129,10 +142,36 @@ class Explanation:
         """The hit rate beside the achievable one, in words."""
         prompt = self.prompt_tokens or sum(page.tokens for page in self.pages)
         hit, achievable = self.hit_tokens, self.achievable_tokens
-        return (
+        text = (
             f"hit {hit:,} of {prompt:,} prompt tokens ({_share(hit, prompt)}); achievable {achievable:,}"
             f" ({_share(achievable, prompt)}): {_share(achievable - hit, prompt)} left on the table"
         )
+        # What the fleet had held but lost before the lookup: no copy was left to achieve, yet
+        # a request that lost everything to eviction did not miss "nothing".
+        by_cause = self.tokens_by_cause()
+        lost = [
+            f"{what} {by_cause[cause]:,} ({_share(by_cause[cause], prompt)})"
+            for cause, what in ((Cause.EVICTED, "to eviction"), (Cause.STORED_AFTER_LOOKUP, "to the store race"))
+            if by_cause[cause]
+        ]
+        return text + (f"; lost {' and '.join(lost)}" if lost else "")
+
+    def runs(self) -> list[list[ExplainedPage]]:
+        """The pages in runs of consecutive pages with the same cause, copy and rule: what the
+        table shows as one row each."""
+        runs: list[list[ExplainedPage]] = []
+        for page in self.pages:
+            last = runs[-1][-1] if runs else None
+            if last is not None and (last.cause, last.where, last.producer, last.rule) == (
+                page.cause,
+                page.where,
+                page.producer,
+                page.rule,
+            ):
+                runs[-1].append(page)
+            else:
+                runs.append([page])
+        return runs
 
 
 def _where(tier: str | None, holder: str | None) -> str:
@@ -151,7 +190,9 @@ _COLUMNS: Final = tuple(f.name for f in fields(ExplainedPage) if f.name != "rule
 def explain(
     source: Source, request_id: str, *, replica: str | None = None, trace_id: str | None = None
 ) -> list[Explanation]:
-    """The request `request_id` on each replica that served it (or on `replica`), in replica order.
+    """The requests of id `request_id` on each replica that served it (or on `replica`), in replica
+    order, then in the order of their lookups: a lookup of an id after its fetches or stores on
+    that replica starts another request (docs/design.md section 7.1).
 
     Args:
         trace_id: only a request with a span in this trace.
@@ -159,18 +200,62 @@ def explain(
     backend = as_backend(source)
     variables = {"kvaudit_request_id": request_id, "kvaudit_replica": replica, "kvaudit_trace_id": trace_id}
     columns, rows = run_named(backend, QUERY, variables)
-    explanations: dict[tuple[str, str], Explanation] = {}
+    explanations: dict[tuple[str, int], Explanation] = {}
     for row in rows:
         values = dict(zip(columns, row))
         page = ExplainedPage(**{name: values[name] for name in _COLUMNS} | {"cause": Cause(values["cause"])})
         if page.cause == Cause.REJECTED:
             page = _with_rule(backend, page)
         request = explanations.setdefault(
-            (page.replica, page.request_id),
+            (page.replica, page.lookup_ns),
             Explanation(page.request_id, page.replica, page.lookup_ns, page.prompt_tokens),
         )
         request.pages.append(page)
-    return [explanations[key] for key in sorted(explanations)]
+    ordered = [explanations[key] for key in sorted(explanations)]
+    requests_on = Counter(request.replica for request in ordered)
+    for request in ordered:
+        if requests_on[request.replica] > 1:
+            # An id reused on one replica (vLLM's offline ids restart with every process).
+            request.notes.append(
+                f"request id {request_id} names {requests_on[request.replica]} requests on {request.replica}:"
+                " each is explained, in the order of their lookups (--trace-id picks one)"
+            )
+        request.notes.extend(_notes(backend, request))
+    return ordered
+
+
+def _notes(backend: Backend, request: Explanation) -> list[str]:
+    """Where the traces are incomplete for this request: evictions of stores they lack, replicas
+    that record a share of their requests, and telemetry loss (rule KVA007), among the replicas
+    involved (its own, its pages' producers, the evicting ones)."""
+    notes: list[str] = []
+    unstored = [page.page for page in request.pages if page.cause == Cause.EVICTED and page.producer is None]
+    if unstored:
+        notes.append(
+            f"{len(unstored)} evicted page(s) have no store in these traces (the eviction proves one):"
+            " the store was not recorded (a sampled replica) or its span was lost"
+        )
+    involved = {request.replica} | {
+        name for page in request.pages for name in (page.producer, page.evicted_replica) if name
+    }
+    _, rates = backend.query(
+        "SELECT replica, min(sample_rate) FROM replicas WHERE sample_rate IS NOT NULL GROUP BY replica ORDER BY replica"
+    )
+    for replica, rate in rates:
+        if replica in involved:
+            notes.append(
+                f"{replica} records a share of its requests (sample rate {rate:g}, docs/design.md section 3.10):"
+                " a store by a request it did not record is not in these traces"
+            )
+    _, rows = backend.query(_LOSS)
+    for replica, _, lost, dropped_events in rows:
+        if replica not in involved:
+            continue
+        notes.append(
+            f"telemetry loss (KVA007) on {replica}: {lost} spans, exports or batches lost,"
+            f" {dropped_events} page descriptors dropped: causes there may miss a store or an eviction"
+        )
+    return notes
 
 
 def _with_rule(backend: Backend, page: ExplainedPage) -> ExplainedPage:

@@ -57,6 +57,7 @@ _CODECS: Final = {
     pa.string(): "ZSTD(1)",
     pa.int64(): "ZSTD(1)",
     pa.bool_(): "ZSTD(1)",
+    pa.float64(): "ZSTD(1)",
     pa.list_(pa.int64()): "ZSTD(1)",
     pa.map_(pa.string(), pa.string()): "ZSTD(1)",
 }
@@ -66,6 +67,7 @@ _TYPES: Final = {
     pa.string(): "String",
     pa.int64(): "Int64",
     pa.bool_(): "Bool",
+    pa.float64(): "Float64",
     # As in the views: ClickHouse has no Nullable arrays, and an absent shape is NULL.
     pa.list_(pa.int64()): "Variant(Array(Int64))",
     pa.map_(pa.string(), pa.string()): "Map(String, String)",

@@ -9,6 +9,8 @@ translates most of it; this module adds what kvaudit's queries need beyond that:
   json_object; a nested json_object, or a CASE of them, is embedded as is);
 - `concat_ws` skips NULL arguments, as in DuckDB (sqlglot's translation would turn
   them into empty strings between separators);
+- `list_sort(x)` becomes `arraySort(x)` and `array_to_string(x, sep)` becomes
+  `arrayStringConcat(x, sep)` (sqlglot's spellings are not ClickHouse's);
 - `list_product(x)` becomes `arrayProduct(x)`, which also reads the views' nullable
   arrays (ClickHouse's `arrayJoin`, sqlglot's `unnest`, does not);
 - the aggregate `product(x)` becomes `arrayProduct(groupArray(x))` (ClickHouse has no
@@ -270,6 +272,12 @@ def _rewrite_functions(node: exp.Expression) -> exp.Expression:
                 lambda n: arguments[n.name].copy() if isinstance(n, exp.Column) and n.name in arguments else n
             )
         )
+    if isinstance(node, exp.ArraySort) and not node.args.get("expression"):
+        return exp.Anonymous(this="arraySort", expressions=[node.this])
+    if isinstance(node, exp.ArrayToString):
+        # The replacement's arguments are not visited again: rewrite them here.
+        array = node.this.transform(_rewrite_functions)
+        return exp.Anonymous(this="arrayStringConcat", expressions=[array, node.expression])
     if _is_call(node, "list_product"):
         return exp.Anonymous(this="arrayProduct", expressions=node.expressions)
     if _is_call(node, "product"):

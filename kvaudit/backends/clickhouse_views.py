@@ -69,6 +69,8 @@ def _attribute(column: str, key: str, kind: str) -> str:
     value = f"{column}[{_quote(key)}]"
     if kind == "int":
         return f"toInt64OrNull({value})"
+    if kind == "double":
+        return f"toFloat64OrNull({value})"
     if kind == "ints":
         return f"if(mapContains({column}, {_quote(key)}), CAST(JSONExtract({value}, 'Array(Int64)') AS {_ARRAY}), NULL)"
     present = f"mapContains({column}, {_quote(key)})"

@@ -21,7 +21,7 @@ from kvaudit.errors import user_files
 
 if TYPE_CHECKING:
     from kvaudit.read.store import TraceStore
-    from kvaudit.simulator.engine import SimResult
+    from kvaudit.simulator.engine import SimConfig, SimResult
 
 # A few simulated minutes at a load that keeps both replicas busy but not saturated.
 DURATION_S: Final = 300.0
@@ -49,19 +49,13 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.commands.simulate import print_summary
     from kvaudit.present.rows import write_rows
     from kvaudit.read.open import open_store
-    from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, SimConfig, simulate
-    from kvaudit.simulator.faults import Faults
+    from kvaudit.simulator.engine import GROUND_TRUTH_FILE, TRACES_DIR, simulate
 
     out = Path(args.out)
     if out.exists() and not all(p.name == TRACES_DIR or p.suffix in DEMO_SUFFIXES for p in out.iterdir()):
         raise UsageError(f"{out}: holds more than a previous demo's output; give a new or empty directory")
     shutil.rmtree(out, ignore_errors=True)
-    config = SimConfig(
-        rate=RATE,
-        duration_s=DURATION_S,
-        seed=args.seed,
-        faults=Faults(raw_ptr=RAW_PTR_SHARE, upgrade_at_s=DURATION_S / 2, guard=args.guard),
-    )
+    config = demo_config(args.seed, guard=args.guard)
     _heading(
         f"1. Simulating {DURATION_S:g} s of two replicas; r2 upgrades to the packed KV layout at {DURATION_S / 2:g} s"
     )
@@ -82,6 +76,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"  kvaudit ingest {traces_dir} -o {out}/traces.duckdb && duckdb {out}/traces.duckdb")
     print(f"  ground truth of the injected faults: {out / GROUND_TRUTH_FILE}")
     return 0
+
+
+def demo_config(seed: int = 0, *, guard: bool = False) -> SimConfig:
+    """The demo's fleet: two replicas, raw-pointer faults, r2's rolling upgrade halfway."""
+    from kvaudit.simulator.engine import SimConfig
+    from kvaudit.simulator.faults import Faults
+
+    return SimConfig(
+        rate=RATE,
+        duration_s=DURATION_S,
+        seed=seed,
+        faults=Faults(raw_ptr=RAW_PTR_SHARE, upgrade_at_s=DURATION_S / 2, guard=guard),
+    )
 
 
 def _report(store: TraceStore, result: SimResult, out: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
@@ -21,6 +21,7 @@ from kvaudit.commands.arguments import (
     open_backend,
     warn_backend_read_errors,
 )
+from kvaudit.safe_text import visible
 from kvaudit.simulator.hardware import GPUS, load_gpu
 from kvaudit.simulator.model import PRESETS, CostModel, ModelGeometry, load_model
 
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         warn_backend_read_errors(backend)
         explanations = explain(backend, request_id, replica=args.replica, trace_id=args.trace_id)
         if not explanations:
-            raise UsageError(f"request {request_id!r}: no lookup, fetch or store of it in these traces")
+            return _not_explained(backend, request_id, args.replica)
         models = {e.replica: chosen or _declared_model(backend, e.replica) for e in explanations}
     cost = CostModel(gpu=gpu)
     for index, explanation in enumerate(explanations):
@@ -78,6 +79,38 @@ def run(args: argparse.Namespace) -> int:
             if index:
                 print()
             write_table(explanation, seconds, _cost_note(model, cost), sys.stdout)
+    return 0
+
+
+# What the traces know of a request id with no page to explain, per replica.
+_SEEN: Final = """
+SELECT replica, count(*) FILTER (WHERE op = 'lookup') AS lookups, max(tokens_requested) AS requested,
+       max(tokens_hit) AS hit, min(start_ns) AS first_ns
+FROM spans
+WHERE request_id = getvariable('kvaudit_request_id') AND op IN ('lookup', 'fetch', 'store')
+GROUP BY replica
+ORDER BY replica
+"""
+
+
+def _not_explained(backend: Backend, request_id: str, replica: str | None) -> int:
+    """What is known of a request with no page to explain: the replicas that served it where
+    `--replica` names another, or its lookups where they name no pages (LMCache's do not)."""
+    _, rows = backend.query(_SEEN, {"kvaudit_request_id": request_id})
+    seen = {row[0]: row for row in rows}
+    if not seen:
+        raise UsageError(f"request {request_id!r}: no lookup, fetch or store of it in these traces")
+    if replica is not None and replica not in seen:
+        served = ", ".join(visible(name) for name in seen)
+        raise UsageError(f"request {request_id!r} was not served by {visible(replica)}; it was by: {served}")
+    for name, lookups, requested, hit, _ in rows:
+        if replica is None or name == replica:
+            print(
+                f"request {visible(request_id)} on {visible(name)}: {lookups} lookup(s) of"
+                f" {requested if requested is not None else '?'} tokens, {hit if hit is not None else '?'} hit;"
+                " its spans name no pages (LMCache's lookups do not, and it fetched and stored none),"
+                " so there is no page to explain"
+            )
     return 0
 
 

@@ -1,7 +1,8 @@
 """Writing `kvaudit explain`: a request's pages with their causes, as a table or as JSON lines.
 
-The table shows one row per page and then the request's tokens by cause, what those
-misses cost to recompute, and the hit rate beside the achievable one. Every value from a
+The table shows one row per run of consecutive pages with the same cause and copy (a
+range of tokens), then the request's tokens by cause, what those misses cost to recompute
+and the remedy of each cause, and the hit rate beside the achievable one. Every value from a
 trace (replicas, keys, backends, request ids) goes into a cell as `Text` (`cell`), never
 into markup.
 """
@@ -16,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvaudit.analyse.explain import Explanation
-from kvaudit.causes import Cause
+from kvaudit.causes import REMEDIES, Cause
 from kvaudit.present.rows import json_line
 from kvaudit.present.terminal import cell, console, print_wide
 
@@ -41,24 +42,27 @@ def write_table(explanation: Explanation, recompute_s: Sequence[float | None], c
         f", looked up at {explanation.looked_up_at}",
     )
     pages = Table(title=title, header_style="bold", show_edge=False, title_justify="left")
-    for name in ("page", "tokens", "key", "cause", "where", "producer", "stored", "last eviction", "detail"):
+    for name in ("pages", "tokens", "key", "cause", "where", "producer", "stored", "last eviction", "detail"):
         pages.add_column(name, overflow="fold", no_wrap=name == "key")
-    for page in explanation.pages:
+    # Consecutive pages with the same cause and copy are one row, a range of tokens (the
+    # stored time and the eviction are its first page's); JSON keeps one record per page.
+    for run in explanation.runs():
+        first, last = run[0], run[-1]
         pages.add_row(
-            cell(page.page),
-            cell(f"{page.token_start}-{page.token_end}"),
-            cell(_short(page.key)),
-            Text(page.cause.value, style=_STYLE.get(page.cause, "yellow")),
-            cell(page.where),
-            cell(page.producer),
-            cell(page.since_lookup(page.stored_ns)),
-            cell(page.eviction()),
-            cell(page.rule or ""),
+            cell(str(first.page) if len(run) == 1 else f"{first.page}-{last.page}"),
+            cell(f"{first.token_start}-{last.token_end}"),
+            cell(_short(first.key) if len(run) == 1 else f"{_short(first.key)} +{len(run) - 1}"),
+            Text(first.cause.value, style=_STYLE.get(first.cause, "yellow")),
+            cell(first.where),
+            cell(first.producer),
+            cell(first.since_lookup(first.stored_ns)),
+            cell(first.eviction()),
+            cell(first.rule or ""),
         )
     print_wide(out, pages)
     by_cause = Table(header_style="bold", show_edge=False)
-    for name in ("cause", "pages", "tokens", "recompute ms"):
-        by_cause.add_column(name, justify="left" if name == "cause" else "right")
+    for name in ("cause", "pages", "tokens", "recompute ms", "remedy"):
+        by_cause.add_column(name, justify="right" if name in ("pages", "tokens", "recompute ms") else "left")
     for cause in Cause:
         chosen = [(p, s) for p, s in zip(explanation.pages, recompute_s, strict=True) if p.cause == cause]
         if not chosen:
@@ -69,10 +73,13 @@ def write_table(explanation: Explanation, recompute_s: Sequence[float | None], c
             cell(len(chosen)),
             cell(sum(p.tokens for p, _ in chosen)),
             cell("" if cause.hit or len(known) < len(chosen) else f"{1e3 * sum(known):,.1f}"),
+            cell(REMEDIES.get(cause, "")),
         )
     out.print()
     print_wide(out, by_cause)
     print_wide(out, Text(explanation.rates()))
+    for note in explanation.notes:
+        print_wide(out, cell(f"note: {note}"))
     print_wide(out, cell(cost_note))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Final, TextIO
 
 import numpy as np
 
-from kvaudit.analyse.audit import Finding, run_audit
+from kvaudit.analyse.audit import Finding, pages_found, run_audit
 from kvaudit.analyse.capacity import CapacityCurve, capacity_curve
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends import Source
@@ -41,7 +41,7 @@ TERMINAL_COLUMNS: Final = {
         "replica",
         "pages_stored",
         "wasted_stores",
-        "pages_fetched",
+        "reused_pages",
         "reuse_p50_s",
         "reuse_p90_s",
         "evicted_pages",
@@ -115,7 +115,7 @@ class Figure:
 
 def headline(report: Report) -> list[Figure]:
     """What an operator looks at first: replicas, time range, requests, hit rate, bytes, pages prevention
-    kept from another geometry's replicas (docs/design.md section 4.5), critical findings."""
+    kept from another geometry's replicas (docs/design.md section 4.5), critical pages."""
     row = report.headline.records()[0] if report.headline is not None and report.headline.rows else {}
     first, last = row.get("first_time"), row.get("last_time")
     span = ""
@@ -123,8 +123,14 @@ def headline(report: Report) -> list[Figure]:
         span = f"{_utc(first)} → {_utc(last)}"
     rate = row.get("hit_rate")
     prevented = row.get("prevented_pages") or 0
-    critical = sum(f.severity == "critical" for f in report.findings)
-    others = len(report.findings) - critical
+    # One bad page is one critical page, whichever rules fired on it (KVA005 and KVA008 often both do).
+    critical = pages_found(report.findings, "critical")
+    rules = sorted({code for page in critical for code in page.rules})
+    critical_findings = sum(f.severity == "critical" for f in report.findings)
+    others = len(report.findings) - critical_findings
+    note = f"{count(critical_findings)} findings ({', '.join(rules)})" if critical else ""
+    if others:
+        note = f"{note}; {count(others)} warning or info" if note else f"{count(others)} warning or info"
     return [
         Figure("replicas", "replicas", count(row.get("replicas") or 0), row.get("replicas") or 0),
         Figure(
@@ -151,12 +157,12 @@ def headline(report: Report) -> list[Figure]:
             "pages recomputed: the pool held them for another geometry" if prevented else "",
         ),
         Figure(
-            "critical_findings",
-            "critical findings",
-            count(critical),
-            critical,
-            f"{count(others)} warning or info" if others else "",
-            alarm=critical > 0,
+            "critical_pages",
+            "critical pages",
+            count(len(critical)),
+            len(critical),
+            note,
+            alarm=bool(critical),
         ),
     ]
 

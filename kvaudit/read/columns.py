@@ -27,6 +27,7 @@ ARROW_TYPE: Final = {
     Kind.INT: pa.int64(),
     Kind.BOOL: pa.bool_(),
     Kind.INTS: pa.list_(pa.int64()),
+    Kind.DOUBLE: pa.float64(),
 }
 
 RESOURCES_SCHEMA: Final = pa.schema(
@@ -82,6 +83,7 @@ DUCKDB_TYPE: Final = {
     pa.uint64(): "UBIGINT",
     pa.binary(): "BLOB",
     pa.bool_(): "BOOLEAN",
+    pa.float64(): "DOUBLE",
     pa.list_(pa.int64()): "BIGINT[]",
     pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
 }

@@ -36,7 +36,13 @@ class RangeRows:
 # Which AnyValue field holds each kind; integers stay as decoded (str or int) and are
 # cast to int64 by Arrow, column by column, which is far cheaper than int() per value
 # (`columns.table_of`; a line with a value it cannot type is then found by `untypable`).
-_FIELD_OF_KIND: Final = {Kind.STR: "stringValue", Kind.INT: "intValue", Kind.BOOL: "boolValue", Kind.INTS: "arrayValue"}
+_FIELD_OF_KIND: Final = {
+    Kind.STR: "stringValue",
+    Kind.INT: "intValue",
+    Kind.BOOL: "boolValue",
+    Kind.INTS: "arrayValue",
+    Kind.DOUBLE: "doubleValue",
+}
 # How deep arrays and maps may nest in an attribute value; deeper, the line is an error.
 MAX_NESTING: Final = 32
 _NESTED_TOO_DEEP: Final = f"nested too deeply (an attribute value may nest {MAX_NESTING} arrays or maps)"

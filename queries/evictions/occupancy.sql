@@ -1,4 +1,5 @@
 -- evictions/occupancy: pages and bytes held by each store over time.
+-- Includes: store_events AS store_events
 --
 -- Question: how full is each replica's GPU prefix cache and each LMCache backend, and
 --           when do stores and evictions move it?
@@ -9,22 +10,18 @@
 -- descriptors' (vLLM's KV events carry none). The trace window is cut into about 60
 -- intervals of at least one second.
 -- Parameters: none.
--- Columns: replica, backend, tier (as its evictions name it), interval_start, pages
+-- Columns: replica, backend, tier (as its pages name it), interval_start, pages
 --          (held at the interval's end), bytes (idem), stored (pages that became held
 --          in it), evicted (pages evicted in it).
-WITH events AS (
-    -- A store span names every backend it went to, comma-separated (LMCache's stores go
-    -- to all its backends at once): each of them took the page.
-    SELECT replica, unnest(string_split(backend, ',')) AS backend, tier, key, time_ns, op, bytes
-    FROM pages
-    WHERE op IN ('store', 'evict')
-),
-held AS (
+WITH held AS (
+    -- Each store target took the page (queries/store_events.sql: LMCache's stores go to all
+    -- their backends at once, and take the tier their backend's pages name).
     SELECT replica, backend, key, time_ns, op,
-           max(tier) OVER (PARTITION BY replica, backend) AS tier,
+           max(nullif(tier, '')) OVER (PARTITION BY replica, backend) AS tier,
            (op = 'store')::INTEGER AS held,
            last_value(CASE WHEN op = 'store' THEN bytes END IGNORE NULLS) OVER by_key AS held_bytes
-    FROM events
+    FROM store_events
+    WHERE backend <> ''
     WINDOW by_key AS (PARTITION BY replica, backend, key ORDER BY time_ns ROWS UNBOUNDED PRECEDING)
 ),
 changes AS (

@@ -117,11 +117,11 @@ def test_reuse_times_wasted_stores_and_evictions(fleet: Fleet):
     fleet.at(6).fetch(r1, [page("a", 0), page("b", 1)], op=Op.EVICT)
     fleet.at(8).store(r1, [page("a", 0)])  # needed again after its eviction
     [row, r2_row] = _rows(fleet.open(), "reuse")
-    assert (row["replica"], row["pages_stored"], row["wasted_stores"], row["pages_fetched"]) == ("r1", 3, 2, 2)
+    assert (row["replica"], row["pages_stored"], row["wasted_stores"], row["reused_pages"]) == ("r1", 3, 2, 2)
     assert row["wasted_bytes"] == 2 * 16384
     assert (row["reuse_p50_s"], row["reuse_p90_s"]) == pytest.approx((3.5, 4.7))
     assert (row["evicted_pages"], row["evicted_before_reuse"]) == (2, 1)
-    assert (r2_row["replica"], r2_row["pages_stored"], r2_row["pages_fetched"]) == ("r2", 0, 0)
+    assert (r2_row["replica"], r2_row["pages_stored"], r2_row["reused_pages"]) == ("r2", 0, 0)
 
 
 def test_capacity_curve_equals_abrute_force_lru(fleet: Fleet):

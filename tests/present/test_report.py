@@ -31,7 +31,7 @@ def test_report_terminal_and_html(
     out = capsys.readouterr().out
     for title in (
         "Headline",
-        "critical findings",
+        "critical pages",
         "Findings",
         "KVA004",
         "Reuse",

@@ -54,7 +54,7 @@ def test_critical_finding_shows_and_drills_down(fleet: Fleet, trace_dir: Path):
             findings = app.query_one(FindingsTable)
             await until(lambda: findings.row_count == 1)
             r2 = next(r for r in app.main.figures.replicas if r.replica == "r2")
-            assert r2.critical_findings == 1
+            assert r2.critical_pages == 1
             assert "CRITICAL" in str(findings.get_row_at(0)[0])
 
             await pilot.press("enter")

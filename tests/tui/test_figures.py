@@ -27,7 +27,7 @@ def test_replica_and_reuse_figures(fleet: Fleet, trace_dir: Path):
     assert r2.cross_replica_hit_tokens == 3 * 3 * 32
     assert r2.rejected_pages == 1
     assert r2.hit_rate == 9 / 10
-    assert r2.critical_findings is None
+    assert r2.critical_pages is None
     assert sum(r2.activity) == 9 * 32
     assert by_name["r1"].hit_rate == 0
     cells = {(c.producer, c.consumer): c for c in figures.reuse}

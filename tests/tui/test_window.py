@@ -63,19 +63,19 @@ def test_findings_and_critical_counts_follow_the_window(fleet: Fleet, trace_dir:
             findings = app.query_one(FindingsTable)
             await until(lambda: app.main.figures is not None and app.main.figures.findings_total == 1)
             assert app.main.figures.window == "5m"
-            assert app.main.figures.findings == () and r2(app).critical_findings == 0
+            assert app.main.figures.findings == () and r2(app).critical_pages == 0
             await until(lambda: findings.row_count == 0)
             assert "0 in 5m · 1 in all" in str(app.query_one("#findings").border_subtitle)
 
             await pilot.press("4")
             await until(lambda: app.main.figures.window == "all" and findings.row_count == 1)
-            assert r2(app).critical_findings == 1
+            assert r2(app).critical_pages == 1
             assert "1 in all · 1 in all" in str(app.query_one("#findings").border_subtitle)
             assert str(app.query_one("#findings").border_title) == "findings · all"
 
             await pilot.press("1")
             await until(lambda: app.main.figures.window == "1m" and findings.row_count == 0)
-            assert r2(app).critical_findings == 0
+            assert r2(app).critical_pages == 0
 
     asyncio.run(scenario())
 
@@ -88,8 +88,8 @@ def test_snapshot_json_counts_the_windows_findings(fleet: Fleet, trace_dir: Path
     assert five is not None and five.findings == () and five.findings_total == 1
     every = source.figures(window_named("all"))
     assert [f.code for f in every.findings or ()] == ["KVA004"]
-    assert {r.replica: r.critical_findings for r in every.replicas}["r2"] == 1
-    assert {r.replica: r.critical_findings for r in five.replicas}["r2"] == 0
+    assert {r.replica: r.critical_pages for r in every.replicas}["r2"] == 1
+    assert {r.replica: r.critical_pages for r in five.replicas}["r2"] == 0
 
 
 class BlockedAuditor(ScriptedAuditor):
@@ -119,7 +119,7 @@ def test_not_yet_audited_is_not_zero(fleet: Fleet, trace_dir: Path):
                 await until(lambda: app.main.auditing)
                 figures = app.main.figures
                 assert figures.findings is None and figures.findings_pending and figures.findings_note == AUDITING
-                assert r2(app).critical_findings is None and r2(app).critical_pending
+                assert r2(app).critical_pages is None and r2(app).critical_pending
                 table = app.query_one(ReplicaTable)
                 critical = table.shown_columns.index("critical")
                 shown = {str(table.get_row_at(i)[0]): table.get_row_at(i)[critical] for i in range(table.row_count)}
@@ -129,7 +129,7 @@ def test_not_yet_audited_is_not_zero(fleet: Fleet, trace_dir: Path):
 
                 auditor.release.set()
                 await until(lambda: not app.main.auditing and app.main.figures.findings is not None)
-                assert r2(app).critical_findings == 1 and not r2(app).critical_pending
+                assert r2(app).critical_pages == 1 and not r2(app).critical_pending
                 assert str(app.query_one("#findings").border_title) == "findings · 5m"
         finally:
             auditor.release.set()

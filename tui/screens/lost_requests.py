@@ -31,9 +31,10 @@ class LostRequestsScreen(LoadingScreen[list[LostRequest]]):
         replica: str,
         window: str,
         load: Callable[[str], list[LostRequest]],
-        explain: Callable[[str, str], Explanation | None],
+        explain: Callable[[str, str, int], Explanation | None],
     ) -> None:
-        """`load` reads the replica's requests looked up in the window called `window`."""
+        """`load` reads the replica's requests looked up in the window called `window`; `explain`
+        explains one, given its replica, id and lookup time (an id may name several requests)."""
         super().__init__()
         self.replica = replica
         self.window = window
@@ -76,4 +77,7 @@ class LostRequestsScreen(LoadingScreen[list[LostRequest]]):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if 0 <= event.cursor_row < len(self._requests):
             request = self._requests[event.cursor_row]
-            self.app.push_screen(ExplainScreen(self.replica, request.request_id, self._explain))
+            explain, lookup_ns = self._explain, request.lookup_ns
+            self.app.push_screen(
+                ExplainScreen(self.replica, request.request_id, lambda replica, id_: explain(replica, id_, lookup_ns))
+            )

@@ -22,8 +22,8 @@ class ReplicaTable(SortableTable[ReplicaFigures]):
         Column("replica", lambda r: cells.plain(r.replica), lambda r: r.replica),
         Column(
             "critical",
-            lambda r: cells.alarm(r.critical_findings, style="bold white on red", pending=r.critical_pending),
-            lambda r: _none_last(r.critical_findings),
+            lambda r: cells.alarm(r.critical_pages, style="bold white on red", pending=r.critical_pending),
+            lambda r: _none_last(r.critical_pages),
             descending=True,
         ),
         Column("hit rate", lambda r: cells.percent(r.hit_rate), lambda r: _none_last(r.hit_rate), descending=True),

@@ -1,17 +1,15 @@
 """LMCache evictions against real LMCache 0.5.6: a local CPU pool of four pages, forced to evict.
 
-The engine copies KV with the CPU copy connector of `kvaudit.hooks.lmcache.testing`
-(it stands in for LMCache's CUDA copy kernel only). Sequence A (3 pages) is stored,
-then B (3 pages): the pool holds four, so A's first two pages are evicted to make
-room. A is then looked up (a miss: its prefix is gone) and stored again, which is
+The engine (tests/support/lmcache_engine.py) copies KV with the CPU copy connector of
+`kvaudit.hooks.lmcache.testing` (it stands in for LMCache's CUDA copy kernel only).
+Sequence A (3 pages) is stored, then B (3 pages): the pool holds four, so A's first two
+pages are evicted to make room. A is then looked up (a miss: its prefix is gone) and stored again, which is
 what makes those evictions "before their next use"; `clear()` removes the rest.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,54 +21,21 @@ torch = pytest.importorskip("torch")
 from kvaudit.analyse.named_queries import load  # noqa: E402
 from kvaudit.read.store import TraceStore  # noqa: E402
 
+from ...support.lmcache_engine import CHUNK, PAGE_BYTES, POOL_GB, hooked_engine, kv, sequence  # noqa: E402
 from ...support.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning")]
-
-CHUNK = 256
-GEOMETRY = {"layers": 2, "kv_heads": 2, "head_size": 16}
-PAGE_BYTES = 2 * 2 * CHUNK * 2 * 16 * 2  # [2, layers, tokens, heads * head_size] in bfloat16
-POOL_GB = 4.5 * PAGE_BYTES / 1024**3  # room for four pages
-
-
-def _sequence(seed: int) -> list[int]:
-    return [seed * 100_000 + i for i in range(3 * CHUNK)]
-
-
-@contextmanager
-def _hooked_engine(traces: Path, name: str, **config: Any) -> Iterator[Any]:
-    """A local LMCache engine with the hooks on, writing `traces/r1.jsonl`; destroyed and unhooked after."""
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    from kvaudit.hooks import lmcache as hook
-    from kvaudit.hooks.lmcache.testing import cpu_engine
-
-    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-    assert hook.instrument(replica="r1", export=f"file:{traces}/r1.jsonl")
-    try:
-        plugin = {"storage_plugins": [hook.PLUGIN_NAME], "extra_config": hook.plugin_config()}
-        engine = cpu_engine(name, **GEOMETRY, **plugin, **config)
-        try:
-            yield engine
-        finally:
-            LMCacheEngineBuilder.destroy(name)
-    finally:
-        hook.uninstrument()
-
-
-def _kv() -> Any:
-    return torch.randn(2, 2, 3 * CHUNK, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TraceStore]:
     traces = tmp_path_factory.mktemp("lmcache_evict")
-    with _hooked_engine(traces, "evict", max_local_cpu_size=POOL_GB) as engine:
-        engine.store(_sequence(1), kvcache=_kv())
-        engine.store(_sequence(2), kvcache=_kv())
-        assert engine.lookup(_sequence(2)) == 3 * CHUNK
-        assert engine.lookup(_sequence(1)) == 0  # A's first page is gone, and with it the prefix
-        engine.store(_sequence(1), kvcache=_kv())  # A computed again
+    with hooked_engine(traces, "evict", max_local_cpu_size=POOL_GB) as engine:
+        engine.store(sequence(1), kvcache=kv())
+        engine.store(sequence(2), kvcache=kv())
+        assert engine.lookup(sequence(2)) == 3 * CHUNK
+        assert engine.lookup(sequence(1)) == 0  # A's first page is gone, and with it the prefix
+        engine.store(sequence(1), kvcache=kv())  # A computed again
         engine.clear()
     trace_store = TraceStore([traces])
     trace_store.refresh()
@@ -147,11 +112,11 @@ def test_a_full_disk_evicts_for_capacity(tmp_path: Path):
         wait_until(lambda: engine.lookup(tokens) >= len(tokens), what="the disk backend took the pages")
 
     disk = {"local_cpu": False, "local_disk": str(tmp_path / "disk"), "max_local_disk_size": POOL_GB}
-    with _hooked_engine(tmp_path, "evict-disk", **disk) as engine:
-        engine.store(_sequence(1), kvcache=_kv())
-        stored(engine, _sequence(1))
-        engine.store(_sequence(2), kvcache=_kv())
-        stored(engine, _sequence(2))
+    with hooked_engine(tmp_path, "evict-disk", **disk) as engine:
+        engine.store(sequence(1), kvcache=kv())
+        stored(engine, sequence(1))
+        engine.store(sequence(2), kvcache=kv())
+        stored(engine, sequence(2))
     store = TraceStore([tmp_path / "r1.jsonl"])
     store.refresh()
     a_keys = set(_stored_keys(store)[:3])
