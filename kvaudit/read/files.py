@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Final
 
+from kvaudit.otlp.limits import MAX_LINE_BYTES
 from kvaudit.read import sources
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
@@ -34,9 +35,6 @@ CHUNK_BYTES: Final = 16 * 1024 * 1024
 SMALL_BYTES: Final = 1024 * 1024
 BATCH_BYTES: Final = 4 * 1024 * 1024  # the bytes of small files decoded in one task
 FINGERPRINT_BYTES: Final = sources.SNIFF_BYTES
-# The longest line (or document) read; a longer one is named and skipped unread, so that one
-# line cannot take the reader's memory. kvaudit's own writers rotate files at this size.
-MAX_LINE_BYTES: Final = int(os.environ.get("KVAUDIT_MAX_LINE_BYTES", 256 * 1024 * 1024))
 # OTLP JSON compresses 10-30 times: the least of that is taken as a compressed file's text.
 COMPRESSION_RATIO: Final = 10
 _SEARCH_BYTES: Final = 1024 * 1024  # read at a time when looking for the end of a line
