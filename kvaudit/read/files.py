@@ -105,28 +105,64 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]], *, missing_ok: bool = 
     """Files named by paths, directories (their OTLP JSON and compressed files, recursively) and globs.
 
     A file named explicitly is read whatever its name; a directory's files are those named
-    `*.json*`, `*.gz`, `*.zst` or `*.zstd`.
+    `*.json*`, `*.gz`, `*.zst` or `*.zstd` (what is so named and no file is listed too: its
+    read reports it).
 
     Raises:
         FileNotFoundError: a path matches nothing (unless `missing_ok`).
+        OSError: a path names a FIFO, a device or a socket (unless `missing_ok`).
     """
     files: list[str] = []
     for spec in paths:
         path = Path(spec)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if _TRACE_NAME.fullmatch(p.name) and p.is_file())
+            # Whatever has a trace file's name is listed, files or not: a FIFO, a device, a dangling
+            # link or a directory so named is a read error of its own (never opened), not skipped silently.
+            found = sorted(p for p in path.rglob("*") if _TRACE_NAME.fullmatch(p.name))
         elif any(ch in str(spec) for ch in "*?["):
             anchor = Path(path.anchor or ".")
             pattern = str(path.relative_to(anchor)) if path.is_absolute() else str(spec)
             found = sorted(p for p in anchor.glob(pattern) if p.is_file())
         elif path.exists() or path.is_symlink():
-            found = [path]  # not a regular file, or a dangling link: named when it is read
+            if not missing_ok:
+                _refuse_special(path)
+            found = [path]  # a dangling link: named when it is read
         elif missing_ok:
             found = []
         else:
             raise FileNotFoundError(f"{spec}: no such file or directory")
         files.extend(str(p) for p in found)
     return list(dict.fromkeys(files))
+
+
+_KINDS: Final = {
+    stat.S_ISFIFO: "a FIFO",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def _not_a_file(mode: int) -> str:
+    """What a path that is no regular file is, as a read error names it."""
+    if stat.S_ISDIR(mode):
+        return "a directory, not a trace file"
+    kind = next((kind for test, kind in _KINDS.items() if test(mode)), "not a regular file")
+    return f"{kind}, not a trace file (not opened)"
+
+
+def _refuse_special(path: Path) -> None:
+    """Refuse a FIFO, device or socket named on the command line before it is opened (a FIFO would hang the read).
+
+    Raises:
+        OSError: it is one (the caller's `user_files` makes it bad input).
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # a dangling link: named when it is read
+    if any(test(mode) for test in _KINDS):
+        raise OSError(errno.EINVAL, _not_a_file(mode), str(path))
 
 
 def pending_bytes(files: Sequence[str], cursors: Cursors, *, text: bool = False) -> int:
@@ -139,6 +175,8 @@ def pending_bytes(files: Sequence[str], cursors: Cursors, *, text: bool = False)
             st = os.stat(path)
         except OSError:
             continue
+        if not stat.S_ISREG(st.st_mode):
+            continue  # named when it is read, never opened
         cursor = cursors.files.get((st.st_dev, st.st_ino))
         if cursor is None or cursor.compression:
             size = st.st_size if cursor is None or _changed(cursor, st) else 0
@@ -193,8 +231,10 @@ def _file_pieces(path: str, cursors: Cursors, seen: set[Identity], final: bool) 
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+            raise OSError(errno.EINVAL, _not_a_file(st.st_mode))
     except OSError as exc:
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            exc = OSError(errno.ENOENT, "a dangling symbolic link")
         if exc.errno == errno.ENOENT and any(c.path == path for c in cursors.files.values()):
             return  # renamed or removed since it was read: a rotation, read on under its new name
         if cursors.report(path, unreadable(exc)):
