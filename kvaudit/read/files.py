@@ -42,6 +42,10 @@ _SEARCH_BYTES: Final = 1024 * 1024  # read at a time when looking for the end of
 _TRACE_NAME: Final = re.compile(r".*\.json.*|.*\.(gz|zst|zstd)")
 
 Identity = tuple[int, int]  # (device, inode)
+_RETIRED: Final = 64  # truncated files remembered, for their copies
+# The least text a file's first bytes and another's fingerprint must share to be the same
+# text (a trace line is longer; two files share whole lines only if one copies the other).
+_MIN_MATCH: Final = 64
 
 
 @dataclass
@@ -65,8 +69,37 @@ class Cursors:
     """The cursors of the files a store follows, and errors of names that are no file."""
 
     files: dict[Identity, Cursor] = field(default_factory=dict)
+    # Cursors of files truncated or rewritten in place (the last few): a copy of what they held
+    # (logrotate's copytruncate, then maybe compressed) is read only past where they were read to.
+    retired: list[Cursor] = field(default_factory=list)
     # Names that could not be opened or read: the error last reported (reported again when it changes).
     failed: dict[str, str] = field(default_factory=dict)
+
+    def retire(self, cursor: Cursor) -> None:
+        """Keep what a file had been read to when it is truncated or replaced: its copy may turn up."""
+        self.retired.append(cursor)
+        del self.retired[:-_RETIRED]
+
+    def read_before(self, text: bytes, path: str, identity: Identity, size: int | None) -> Cursor | None:
+        """The cursor of another file whose text starts as `text` does, read furthest (within
+        `size` bytes of text, when known): the file at `path` is a copy of what it read.
+
+        Only a file that may have been copied is looked at: one truncated or rewritten
+        (retired), one gone from its name, or one whose name `path` extends (logrotate's
+        `NAME.1`, `NAME-20261207`, `NAME.1.gz`). Two files that merely hold the same lines
+        are read as two.
+        """
+        found = None
+        for cursor in self.retired + [c for key, c in self.files.items() if key != identity]:
+            if cursor.compression or not cursor.offset or (size is not None and cursor.offset > size):
+                continue  # a compressed file's fingerprint is of its compressed bytes, not its text
+            common = min(len(text), len(cursor.fingerprint))
+            if common < _MIN_MATCH or text[:common] != cursor.fingerprint[:common]:
+                continue
+            copied = cursor in self.retired or _gone(cursor) or _rotated_name(path, cursor.path)
+            if copied and (found is None or cursor.offset > found.offset):
+                found = cursor
+        return found
 
     def report(self, path: str, reason: str) -> bool:
         """Whether an I/O error of `path` is to be reported (not the one reported last)."""
@@ -195,6 +228,40 @@ def _compression_of(path: str) -> str:
         return ""  # named when it is read
 
 
+def _gone(cursor: Cursor) -> bool:
+    """Whether the file a cursor follows is gone from its last name, or holds less there than was read."""
+    try:
+        return os.stat(cursor.path).st_size < cursor.offset  # truncated there, or replaced by a shorter file
+    except OSError:
+        return True
+
+
+def _rotated_name(path: str, original: str) -> bool:
+    """Whether `path` is a name logrotate gives a copy of `original` (`NAME.1`, `NAME-DATE`, `NAME.1.gz`)."""
+    head, name = os.path.split(path)
+    original_head, original_name = os.path.split(original)
+    return (
+        head == original_head
+        and name[len(original_name) : len(original_name) + 1] in (".", "-", "_")
+        and (name.startswith(original_name))
+    )
+
+
+def _text_head(f: BinaryIO, compression: str) -> bytes:
+    """The first FINGERPRINT_BYTES of a compressed file's text (what its fingerprint is of, uncompressed)."""
+    text = b""
+    f.seek(0)
+    try:
+        for block in sources.decompress(f, compression):
+            text += block
+            if len(text) >= FINGERPRINT_BYTES:
+                break
+    except sources.CompressedDataError:
+        pass  # what it held before the damage: named when it is read
+    f.seek(0)
+    return text[:FINGERPRINT_BYTES]
+
+
 def _changed(cursor: Cursor, st: os.stat_result) -> bool:
     return (cursor.size, cursor.ctime_ns) != (st.st_size, st.st_ctime_ns)
 
@@ -253,7 +320,10 @@ def _file_pieces(path: str, cursors: Cursors, seen: set[Identity], final: bool) 
         with open(path, "rb", buffering=0) as f:
             head = f.read(FINGERPRINT_BYTES)
             cursors.failed.pop(path, None)
-            if cursor is None or st.st_size < cursor.size or not head.startswith(cursor.fingerprint[: len(head)]):
+            fresh = cursor is None or st.st_size < cursor.size or not head.startswith(cursor.fingerprint[: len(head)])
+            if cursor is None or fresh:
+                if cursor is not None and cursor.offset:
+                    cursors.retire(cursor)  # truncated (copytruncate) or rewritten: a copy may turn up
                 cursor = cursors.files[identity] = Cursor(path)  # new, truncated, or another file on this inode
             if len(head) > len(cursor.fingerprint):
                 cursor.fingerprint = head
@@ -267,6 +337,11 @@ def _file_pieces(path: str, cursors: Cursors, seen: set[Identity], final: bool) 
                         yield Piece(path, identity, 0, 0, 0, error=cursor.not_json, seen=(*stamp, True))
             if cursor.not_json:
                 return
+            if fresh:
+                text = _text_head(f, cursor.compression) if cursor.compression else head
+                known = cursors.read_before(text, path, identity, None if cursor.compression else st.st_size)
+                if known is not None:  # a copy of text read before (logrotate's copy, maybe compressed)
+                    cursor.offset, cursor.next_line, cursor.document = known.offset, known.next_line, known.document
             if cursor.compression:
                 yield from _compressed_pieces(f, path, identity, cursor, stamp, final)
             else:
