@@ -16,29 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.cli import main
 from kvaudit.read.sources import zstd
-from kvaudit.read.store import TraceStore
 
 from ..support.hostile import good_lines
+from ..support.live_reads import append, counts, live
 
 LINES = good_lines(36)
-
-
-def _live(directory: Path) -> DuckDBBackend:
-    return DuckDBBackend(TraceStore([directory], ":memory:"))
-
-
-def _counts(backend: DuckDBBackend) -> tuple[int, int]:
-    """Pages read, and distinct requests among them (each good line is one request)."""
-    backend.refresh(final=False)
-    return backend.query("SELECT count(*), count(DISTINCT request_id) FROM pages")[1][0]
-
-
-def _append(path: Path, lines: list[bytes]) -> None:
-    with path.open("ab") as f:
-        f.write(b"".join(lines))
 
 
 def _copytruncate(active: Path, copy: Path) -> None:
@@ -75,29 +59,29 @@ STYLES: dict[str, tuple[str, Callable[[Path], None], bool]] = {
 def test_a_live_reader_counts_each_line_once_through_logrotate(tmp_path: Path, style: str):
     copy_name, compress, seen_before_compress = STYLES[style]
     active, copy = tmp_path / "traces.jsonl", tmp_path / copy_name
-    backend = _live(tmp_path)
-    _append(active, LINES[:20])
-    assert _counts(backend) == (20, 20)
-    _append(active, LINES[20:32])  # written before the rotation, read after it
+    backend = live([tmp_path])
+    append(active, LINES[:20])
+    assert counts(backend) == (20, 20)
+    append(active, LINES[20:32])  # written before the rotation, read after it
     _copytruncate(active, copy)
     if seen_before_compress:
-        assert _counts(backend) == (32, 32)
+        assert counts(backend) == (32, 32)
     compress(copy)
-    assert _counts(backend) == (32, 32)
-    _append(active, LINES[32:36])  # the writer goes on in the truncated file
-    assert _counts(backend) == (36, 36)
+    assert counts(backend) == (32, 32)
+    append(active, LINES[32:36])  # the writer goes on in the truncated file
+    assert counts(backend) == (36, 36)
 
 
 def test_ingest_after_a_copytruncate_adds_only_what_is_new(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     traces, database = tmp_path / "traces", tmp_path / "kv.duckdb"
     traces.mkdir()
     active = traces / "traces.jsonl"
-    _append(active, LINES[:20])
+    append(active, LINES[:20])
     assert main(["ingest", str(traces), "--out", str(database)]) == 0
-    _append(active, LINES[20:32])
+    append(active, LINES[20:32])
     _copytruncate(active, traces / "traces.jsonl-20261207")
     _gzip(traces / "traces.jsonl-20261207")
-    _append(active, LINES[32:36])
+    append(active, LINES[32:36])
     assert main(["ingest", str(traces), "--out", str(database)]) == 0
     capsys.readouterr()
     query = "SELECT count(*), count(DISTINCT request_id) FROM pages"
