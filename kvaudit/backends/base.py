@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from kvaudit.errors import InputError
 
@@ -35,6 +35,11 @@ Params = Mapping[str, Any]
 Rows = list[tuple[Any, ...]]
 # What `recent(ts, span)` means, in kvaudit SQL: each backend defines the function as this.
 RECENT = "ts > (SELECT max(end_time) FROM spans) - span"
+# What one alert rule's query may take (the sandbox sets them before each rule): memory,
+# and disk for what it spills past that. Without them DuckDB would let a rule take 80%
+# of the machine's memory and 90% of the disk its temporary directory is on.
+RULE_MEMORY_BYTES: Final = 2 << 30
+RULE_SPILL_BYTES: Final = 4 << 30
 
 
 class BackendError(InputError):
@@ -112,7 +117,8 @@ class Backend(ABC):
 
         The query must be one query (`one_query`); it reads the views and the temporary
         views and tables made here, and cannot write, read files, reach the network, load
-        extensions or change settings (each backend says how it ensures that).
+        extensions or change settings (each backend says how it ensures that). It may use
+        RULE_MEMORY_BYTES of memory and spill RULE_SPILL_BYTES to disk; past them it fails.
 
         Args:
             timeout_s: stop the query after this long.

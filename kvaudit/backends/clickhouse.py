@@ -11,7 +11,8 @@ parser, is translated and run as `SELECT * FROM (...) LIMIT n` with the query-le
 settings `readonly = 1` (reads only: no writes, no DDL, no settings changed, and no
 table functions that reach files or the network, `file()`, `url()`, `s3()`,
 `remote()`; `readonly = 2` would still allow those) and `max_execution_time`, after
-which the server stops it. The temporary views kvaudit made in its session stay
+which the server stops it, `max_memory_usage` and `max_temporary_data_on_disk_size_for_query`
+(the rule's memory and spill limits, per query). The temporary views kvaudit made in its session stay
 readable. What else the rule can read is what the connecting user's grants allow:
 give kvaudit a user that may read only the traces table.
 """
@@ -31,7 +32,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlglot
 
-from kvaudit.backends.base import Backend, BackendError, Params, QueryTimeoutError, Rows, one_query
+from kvaudit.backends.base import (
+    RULE_MEMORY_BYTES,
+    RULE_SPILL_BYTES,
+    Backend,
+    BackendError,
+    Params,
+    QueryTimeoutError,
+    Rows,
+    one_query,
+)
 from kvaudit.backends.clickhouse_tables import existing_query, typed_tables_unusable, typed_view_statements
 from kvaudit.backends.clickhouse_translate import WRITE, Statement, to_clickhouse
 from kvaudit.backends.clickhouse_views import DEFAULT_TABLE, view_columns, view_statements
@@ -227,7 +237,8 @@ class ClickHouseBackend(Backend):
         # Newlines around the query: a comment at its end must not swallow the parenthesis.
         bounded = (
             f"SELECT * FROM (\n{statements[0].sql}\n) LIMIT {int(max_rows)}"
-            f" SETTINGS readonly = 1, max_execution_time = {timeout_s:g}"
+            f" SETTINGS readonly = 1, max_execution_time = {timeout_s:g}, max_memory_usage = {RULE_MEMORY_BYTES},"
+            f" max_temporary_data_on_disk_size_for_query = {RULE_SPILL_BYTES}"
         )
         with self._lock:
             self.arrow("SELECT 1")  # the kvaudit views first, made outside the sandbox

@@ -8,8 +8,9 @@ keeps it so (only `threads` may still change: a live store's inserts set it). Bo
 settings of the whole database, so every connection to it is sealed alike, for the rest
 of its life: kvaudit's own reads need neither, since trace files are decoded by Python
 and handed over as Arrow tables, which DuckDB still scans. The query itself must be
-one query, checked by DuckDB's parser, and is interrupted (`interrupt()`, from a
-timer thread) at its time limit.
+one query, checked by DuckDB's parser, is interrupted (`interrupt()`, from a timer
+thread) at its time limit, and runs under a memory limit and a spill limit set before
+it (`memory_limit`, `max_temp_directory_size`; DuckDB's defaults are put back after).
 """
 
 from __future__ import annotations
@@ -23,12 +24,24 @@ from typing import Any, Final
 import duckdb
 import pyarrow as pa
 
-from kvaudit.backends.base import RECENT, Backend, BackendError, Params, QueryTimeoutError, Rows, one_query
+from kvaudit.backends.base import (
+    RECENT,
+    RULE_MEMORY_BYTES,
+    RULE_SPILL_BYTES,
+    Backend,
+    BackendError,
+    Params,
+    QueryTimeoutError,
+    Rows,
+    one_query,
+)
 from kvaudit.read.columns import Tables
 from kvaudit.read.store import TraceStore
 
-# Settings a sealed database may still change: a live store's inserts run on one thread.
-_UNLOCKED: Final = ("threads",)
+# Settings a sealed database may still change: a live store's inserts run on one thread;
+# the sandbox bounds each rule's memory and spill, and gives the rest of kvaudit its own back.
+_RULE_LIMITS: Final = {"memory_limit": f"{RULE_MEMORY_BYTES}B", "max_temp_directory_size": f"{RULE_SPILL_BYTES}B"}
+_UNLOCKED: Final = ("threads", *_RULE_LIMITS)
 
 
 class DuckDBBackend(Backend):
@@ -64,7 +77,12 @@ class DuckDBBackend(Backend):
         self.seal()
         interrupted = threading.Event()
         try:
-            with self._variables(None), _errors(), _interrupt_after(self.store.con, timeout_s, interrupted):
+            with (
+                self._variables(None),
+                _errors(),
+                _rule_limits(self.store.con),
+                _interrupt_after(self.store.con, timeout_s, interrupted),
+            ):
                 return self.store.sql(query).limit(max_rows).to_arrow_table()
         except BackendError:
             if interrupted.is_set():
@@ -132,6 +150,19 @@ class DuckDBBackend(Backend):
 
 
 @contextmanager
+def _rule_limits(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """A rule's memory and spill limits for the query in the block; DuckDB's defaults after it
+    (kvaudit sets neither elsewhere: its own reads are bounded by what they read)."""
+    for name, value in _RULE_LIMITS.items():
+        con.execute(f"SET {name} = {_literal(value)}")
+    try:
+        yield
+    finally:
+        for name in _RULE_LIMITS:
+            con.execute(f"RESET {name}")
+
+
+@contextmanager
 def _interrupt_after(con: duckdb.DuckDBPyConnection, seconds: float, interrupted: threading.Event) -> Iterator[None]:
     """Interrupt the query `con` runs in the block once it has run `seconds`, and set `interrupted`."""
     lock = threading.Lock()
@@ -160,6 +191,12 @@ def _errors() -> Iterator[None]:
         yield
     except duckdb.Error as exc:
         raise BackendError(str(exc).splitlines()[0], str(exc)) from None
+    except RuntimeError as exc:
+        # Ctrl-C while DuckDB runs a query: it stops the query and raises this in place of
+        # KeyboardInterrupt; the command must end as on any other Ctrl-C (exit status 130).
+        if str(exc) == "Query interrupted":
+            raise KeyboardInterrupt from None
+        raise
 
 
 def _literal(text: str) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser, duration
+from kvaudit.commands.exit_status import ExitStatus
 from kvaudit.commands.tls_auth import add_tls_auth_arguments, exposure_warning, server_security
 from kvaudit.contract import KVConfig
 from kvaudit.emit.emitter import Emitter
@@ -165,8 +166,12 @@ def kv_event_sources(endpoints: str, replicas: str | None, replays: str | None, 
     return [Source(e, r, p, topic) for e, r, p in zip(endpoint_list, replica_list, replay_list)]
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM: ended as on Ctrl-C, with its own exit status."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def _split(text: str) -> list[str]:
@@ -200,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
         return emitters[replica]
 
     # A supervisor stops it with SIGTERM: end as on Ctrl-C, writing out what is still queued.
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, _terminate)
     subscriber = None
+    status = ExitStatus.OK
     try:
         if sources:
             import zmq
@@ -217,8 +223,9 @@ def run(args: argparse.Namespace) -> int:
             subscriber.run(threading.Event())
         else:
             server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt as exc:
+        # Stopped, not done: as the other commands, 130 on Ctrl-C; 143 on SIGTERM, as shells report it.
+        status = ExitStatus.TERMINATED if isinstance(exc, _Terminated) else ExitStatus.INTERRUPTED
     finally:
         if subscriber is not None:
             subscriber.close()
@@ -240,4 +247,4 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"kvaudit collect: {lost} acknowledged spans were in files deleted under the receiver", file=sys.stderr
             )
-    return 0
+    return status

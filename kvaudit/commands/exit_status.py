@@ -17,3 +17,4 @@ class ExitStatus(IntEnum):
     INCOMPLETE = 4  # an alert rule failed or timed out, or notifications were not delivered
     INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it: 128 + 2
     BROKEN_PIPE = 141  # the reader of stdout went away (`| head`), as shells report SIGPIPE: 128 + 13
+    TERMINATED = 143  # stopped by SIGTERM (a supervisor), as shells report it: 128 + 15 (`collect`)

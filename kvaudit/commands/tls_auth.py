@@ -44,7 +44,8 @@ def server_security(args: argparse.Namespace) -> ServerSecurity:
     """What the flags ask of clients.
 
     Raises:
-        UsageError: a certificate without its key (or the other way round), or an unreadable token file.
+        UsageError: a certificate without its key (or the other way round), an unreadable token
+            file, or an empty token (as an empty token file is refused).
     """
     tls = None
     if args.tls_cert_file or args.tls_key_file:
@@ -59,8 +60,13 @@ def server_security(args: argparse.Namespace) -> ServerSecurity:
             bearer = BearerToken.from_file(args.bearer_token_file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--bearer-token-file: {exc}") from None
-    elif args.bearer_token:
-        bearer = BearerToken(args.bearer_token)
+    elif args.bearer_token is not None:
+        if not args.bearer_token.strip():
+            # Fail closed: an empty token (a variable set from an empty secret) must not mean no authentication.
+            raise UsageError(
+                f"--bearer-token (or ${ENV_BEARER_TOKEN}) is empty: give a token, or unset it to run without one"
+            )
+        bearer = BearerToken(args.bearer_token.strip())
     return ServerSecurity(tls, bearer)
 
 

@@ -20,6 +20,7 @@ from kvaudit.commands.arguments import (
     rule_timeout,
 )
 from kvaudit.errors import InputError, user_files
+from kvaudit.safe_text import json_safe
 from kvaudit.tui.window import DEFAULT_WINDOW, WINDOWS, window_named
 
 DEFAULT_COLLECT = "127.0.0.1:4318"
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(source.close)
         if args.snapshot:
             encoder = msgspec.json.Encoder(enc_hook=str)  # a finding's field values may be any type
-            sys.stdout.write(encoder.encode(snapshot(source, window)).decode() + "\n")
+            sys.stdout.write(json_safe(encoder.encode(snapshot(source, window)).decode()) + "\n")
             return 0
         from kvaudit.tui.app import KvauditApp  # Textual loads only for the live view
 

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 ENV_EXPORT: Final = "KVAUDIT_EXPORT"
 ENV_SHUTDOWN_TIMEOUT: Final = "KVAUDIT_SHUTDOWN_TIMEOUT"
+MAX_SHUTDOWN_TIMEOUT_S: Final = 300.0
 
 
 def replica_resource(
@@ -129,15 +130,21 @@ class _Unavailable(SpanExporter):
 
 
 def shutdown_timeout_from_env(default: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> float:
-    """`KVAUDIT_SHUTDOWN_TIMEOUT` (a duration: `5s`, `500ms`) if set and valid, else `default`."""
+    """`KVAUDIT_SHUTDOWN_TIMEOUT` (a duration: `5s`, `500ms`) if set and valid (at most
+    MAX_SHUTDOWN_TIMEOUT_S), else `default`."""
     text = os.environ.get(ENV_SHUTDOWN_TIMEOUT)
     if not text:
         return default
     try:
-        return parse_duration(text)
+        seconds = parse_duration(text)
     except ValueError as exc:
         logger.warning("kvaudit: %s=%r ignored (%s); using %ss", ENV_SHUTDOWN_TIMEOUT, text, exc, default)
         return default
+    if seconds > MAX_SHUTDOWN_TIMEOUT_S:
+        # A serving process must still exit: a shutdown longer than this is no longer a bound.
+        logger.warning("kvaudit: %s=%r capped at %ss", ENV_SHUTDOWN_TIMEOUT, text, MAX_SHUTDOWN_TIMEOUT_S)
+        return MAX_SHUTDOWN_TIMEOUT_S
+    return seconds
 
 
 def setup_emitter(

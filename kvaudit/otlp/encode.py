@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -139,18 +140,26 @@ def _value(value: Any) -> s.AnyValue:
     if kind is int:
         return s.AnyValue(intValue=str(s.int64(value)))
     if kind is float:
-        return s.AnyValue(doubleValue=value)
+        return s.AnyValue(doubleValue=_double(value))
     if isinstance(value, str):  # str subclasses such as StrEnum members
         return s.AnyValue(stringValue=str(value))
     if isinstance(value, int):
         return _value(bool(value) if isinstance(value, bool) else int(value))
     if isinstance(value, float):
-        return s.AnyValue(doubleValue=float(value))
+        return s.AnyValue(doubleValue=_double(float(value)))
     if isinstance(value, bytes):
         return s.AnyValue(bytesValue=base64.b64encode(value).decode())
     if isinstance(value, Mapping):
         return s.AnyValue(kvlistValue=s.KeyValueList(_attributes(value)))
     return s.AnyValue(arrayValue=s.ArrayValue([_value(item) for item in value]))
+
+
+def _double(value: float) -> float | str:
+    """A double as OTLP JSON writes it: NaN and the infinities as the strings protobuf's JSON
+    mapping gives them (a JSON number cannot hold them; msgspec would write null)."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 # --- from protobuf (what the OTLP/HTTP receiver gets) -------------------------------
@@ -241,7 +250,7 @@ def _pb_value(value: common_pb2.AnyValue) -> s.AnyValue:
     if which == "int_value":
         return s.AnyValue(intValue=str(value.int_value))
     if which == "double_value":
-        return s.AnyValue(doubleValue=value.double_value)
+        return s.AnyValue(doubleValue=_double(value.double_value))
     if which == "array_value":
         return s.AnyValue(arrayValue=s.ArrayValue([_pb_value(item) for item in value.array_value.values]))
     if which == "kvlist_value":

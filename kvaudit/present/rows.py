@@ -14,7 +14,7 @@ from rich.table import Table
 
 from kvaudit.present.output_formats import FORMATS
 from kvaudit.present.terminal import cell, console, print_wide
-from kvaudit.safe_text import visible
+from kvaudit.safe_text import json_safe, visible
 
 
 def write_rows(
@@ -64,8 +64,8 @@ def _csv_value(value: Any, terminal: bool) -> Any:
 
 
 def json_line(value: Any) -> str:
-    """`value` as one line of JSON (control characters escaped, as JSON does), dates in ISO 8601."""
-    return _ENCODER.encode(value).decode() + "\n"
+    """`value` as one line of JSON (control and bidirectional formatting characters escaped), dates in ISO 8601."""
+    return json_safe(_ENCODER.encode(value).decode()) + "\n"
 
 
 def _json_value(value: Any) -> Any:

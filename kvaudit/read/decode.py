@@ -17,8 +17,18 @@ from typing import Any, Final
 
 import msgspec
 
-from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SCHEMA_VERSION, SPAN_COLUMNS, Kind
+from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, RESOURCE_COLUMNS, SPAN_COLUMNS, Kind
 from kvaudit.errors import InputError
+from kvaudit.otlp.limits import (
+    MAX_NESTING,
+    NESTED_TOO_DEEP,
+    SPAN_ID_BYTES,
+    TRACE_ID_BYTES,
+    bad_id,
+    bad_schema,
+    out_of_range,
+    too_many_attributes,
+)
 from kvaudit.otlp.schema import DECODER, AnyValue, KeyValue, Span, TracesData
 from kvaudit.read.columns import INTEGER_PATTERN, PAGE_HEAD, PAGES_SCHEMA, SPANS_SCHEMA
 
@@ -43,13 +53,7 @@ _FIELD_OF_KIND: Final = {
     Kind.INTS: "arrayValue",
     Kind.DOUBLE: "doubleValue",
 }
-# How deep arrays and maps may nest in an attribute value; deeper, the line is an error.
-MAX_NESTING: Final = 32
-_NESTED_TOO_DEEP: Final = f"nested too deeply (an attribute value may nest {MAX_NESTING} arrays or maps)"
 _INTEGER: Final = re.compile(INTEGER_PATTERN)
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-# The latest time a signed 64-bit count of nanoseconds holds (OTLP's are unsigned).
-_LATEST_TIME: Final = "2262-04-11T23:47:16.854775807Z"
 
 
 def _slots(columns: dict[str, tuple[str, str]]) -> dict[str, tuple[int, str]]:
@@ -60,13 +64,17 @@ def _fill(
     attributes: list[KeyValue],
     slots: dict[str, tuple[int, str]],
     width: int,
+    what: str,
     extra: dict[str, str] | None = None,
 ) -> list[Any]:
+    reason = too_many_attributes(len(attributes), what)
+    if reason is not None:
+        raise UnreadableLineError(reason)
     row: list[Any] = [None] * width
     for kv in attributes:
         value = kv.value
         if (value.arrayValue is not None or value.kvlistValue is not None) and not _nests_within(value, MAX_NESTING):
-            raise UnreadableLineError(_NESTED_TOO_DEEP)
+            raise UnreadableLineError(NESTED_TOO_DEEP)
         slot = slots.get(kv.key)
         if slot is not None:
             # A repeated key: the last one wins, as when the OpenTelemetry SDK sets an attribute again.
@@ -105,12 +113,7 @@ def bad_integer(value: Any, time: bool = False) -> str | None:
         return None
     if isinstance(value, str) and not _INTEGER.fullmatch(value):
         return f"{value[:40]!r} is not an integer"
-    number = int(value)
-    if INT64_MIN <= number <= INT64_MAX:
-        return None
-    if time and number > 0:
-        return f"{number} is after {_LATEST_TIME}, the latest time kvaudit reads (signed 64-bit nanoseconds)"
-    return f"{number} is out of the signed 64-bit range"
+    return out_of_range(int(value), time)
 
 
 def attribute_text(value: AnyValue, key: str = "intValue") -> str:
@@ -211,7 +214,7 @@ def _decode(decoder: msgspec.json.Decoder, raw: bytes | memoryview) -> TracesDat
     except msgspec.DecodeError as exc:
         raise UnreadableLineError(f"invalid JSON: {exc}") from None
     except RecursionError:  # deeper than msgspec goes, far deeper than MAX_NESTING
-        raise UnreadableLineError(_NESTED_TOO_DEEP) from None
+        raise UnreadableLineError(NESTED_TOO_DEEP) from None
 
 
 def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[tuple[list[Any], Span]]:
@@ -225,12 +228,10 @@ def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[
         rid = _resource_id(res_attrs)
         resource = columns.resources.get(rid)
         if resource is None:
-            resource = _fill(res_attrs, _RESOURCE_SLOTS, n_resource)
-            schema = resource[_SCHEMA_SLOT]
-            if schema is not None and str(schema) != str(SCHEMA_VERSION):
-                raise UnreadableLineError(
-                    f"unknown kvaudit schema version {str(schema)[:40]} (this kvaudit reads {SCHEMA_VERSION})"
-                )
+            resource = _fill(res_attrs, _RESOURCE_SLOTS, n_resource, "resource")
+            reason = bad_schema(resource[_SCHEMA_SLOT])
+            if reason is not None:
+                raise UnreadableLineError(reason)
             for slot, name in _RESOURCE_INTS:
                 if resource[slot] is not None:
                     resource[slot] = int64(resource[slot], name)
@@ -240,15 +241,15 @@ def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[
         for scope_spans in resource_spans.scopeSpans:
             for span in scope_spans.spans:
                 extra: dict[str, str] = {}
-                attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, extra)
+                attrs = _fill(span.attributes, _SPAN_SLOTS, n_span, "span", extra)
                 row = [
                     file,
                     line.number,
                     rid,
                     replica,
-                    hex_id(span.traceId, 16),
-                    hex_id(span.spanId, 8),
-                    hex_id(span.parentSpanId, 8) or None,
+                    _id(span.traceId, TRACE_ID_BYTES, "traceId"),
+                    _id(span.spanId, SPAN_ID_BYTES, "spanId"),
+                    _id(span.parentSpanId, SPAN_ID_BYTES, "parentSpanId") or None,
                     span.name,
                     _time(span.startTimeUnixNano, "startTimeUnixNano"),
                     _time(span.endTimeUnixNano, "endTimeUnixNano"),
@@ -259,6 +260,22 @@ def _spans(columns: RangeRows, line: DecodedLine, data: TracesData) -> Iterator[
                     list(extra.items()) if extra else None,
                 ]
                 yield row, span
+
+
+def _id(value: str, size: int, name: str) -> str:
+    """A span's id as hex, if it is one of `size` bytes (or absent).
+
+    Raises:
+        UnreadableLineError: it is not.
+    """
+    try:
+        text = hex_id(value, size)
+    except ValueError:  # neither hex of this size nor base64 (binascii.Error)
+        raise UnreadableLineError(f"bad value: {name} {value[:40]!r} is not an id") from None
+    reason = bad_id(len(text) // 2, size, name)
+    if reason is not None:
+        raise UnreadableLineError(reason)
+    return text
 
 
 def _time(value: int | str, name: str) -> int:
@@ -289,7 +306,9 @@ def read_line(
                 head = [span_row[i] for i in PAGE_COLUMNS_FROM_SPAN]
                 for event in span.events:
                     if event.name == EVENT_PAGE:
-                        pages.append([*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, _N_PAGE)])
+                        pages.append(
+                            [*head, event.timeUnixNano, *_fill(event.attributes, _PAGE_SLOTS, _N_PAGE, "event")]
+                        )
     except UnreadableLineError as exc:
         reason = "truncated last line (writer stopped mid-line?)" if cut else str(exc)
     except (ValueError, TypeError, AttributeError) as exc:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Final
 
+from kvaudit.otlp.limits import MAX_LINE_BYTES
 from kvaudit.read import sources
 
 CHUNK_BYTES: Final = 16 * 1024 * 1024
@@ -34,9 +35,6 @@ CHUNK_BYTES: Final = 16 * 1024 * 1024
 SMALL_BYTES: Final = 1024 * 1024
 BATCH_BYTES: Final = 4 * 1024 * 1024  # the bytes of small files decoded in one task
 FINGERPRINT_BYTES: Final = sources.SNIFF_BYTES
-# The longest line (or document) read; a longer one is named and skipped unread, so that one
-# line cannot take the reader's memory. kvaudit's own writers rotate files at this size.
-MAX_LINE_BYTES: Final = int(os.environ.get("KVAUDIT_MAX_LINE_BYTES", 256 * 1024 * 1024))
 # OTLP JSON compresses 10-30 times: the least of that is taken as a compressed file's text.
 COMPRESSION_RATIO: Final = 10
 _SEARCH_BYTES: Final = 1024 * 1024  # read at a time when looking for the end of a line
@@ -44,6 +42,10 @@ _SEARCH_BYTES: Final = 1024 * 1024  # read at a time when looking for the end of
 _TRACE_NAME: Final = re.compile(r".*\.json.*|.*\.(gz|zst|zstd)")
 
 Identity = tuple[int, int]  # (device, inode)
+_RETIRED: Final = 64  # truncated files remembered, for their copies
+# The least text a file's first bytes and another's fingerprint must share to be the same
+# text (a trace line is longer; two files share whole lines only if one copies the other).
+_MIN_MATCH: Final = 64
 
 
 @dataclass
@@ -67,8 +69,37 @@ class Cursors:
     """The cursors of the files a store follows, and errors of names that are no file."""
 
     files: dict[Identity, Cursor] = field(default_factory=dict)
+    # Cursors of files truncated or rewritten in place (the last few): a copy of what they held
+    # (logrotate's copytruncate, then maybe compressed) is read only past where they were read to.
+    retired: list[Cursor] = field(default_factory=list)
     # Names that could not be opened or read: the error last reported (reported again when it changes).
     failed: dict[str, str] = field(default_factory=dict)
+
+    def retire(self, cursor: Cursor) -> None:
+        """Keep what a file had been read to when it is truncated or replaced: its copy may turn up."""
+        self.retired.append(cursor)
+        del self.retired[:-_RETIRED]
+
+    def read_before(self, text: bytes, path: str, identity: Identity, size: int | None) -> Cursor | None:
+        """The cursor of another file whose text starts as `text` does, read furthest (within
+        `size` bytes of text, when known): the file at `path` is a copy of what it read.
+
+        Only a file that may have been copied is looked at: one truncated or rewritten
+        (retired), one gone from its name, or one whose name `path` extends (logrotate's
+        `NAME.1`, `NAME-20261207`, `NAME.1.gz`). Two files that merely hold the same lines
+        are read as two.
+        """
+        found = None
+        for cursor in self.retired + [c for key, c in self.files.items() if key != identity]:
+            if cursor.compression or not cursor.offset or (size is not None and cursor.offset > size):
+                continue  # a compressed file's fingerprint is of its compressed bytes, not its text
+            common = min(len(text), len(cursor.fingerprint))
+            if common < _MIN_MATCH or text[:common] != cursor.fingerprint[:common]:
+                continue
+            copied = cursor in self.retired or _gone(cursor) or _rotated_name(path, cursor.path)
+            if copied and (found is None or cursor.offset > found.offset):
+                found = cursor
+        return found
 
     def report(self, path: str, reason: str) -> bool:
         """Whether an I/O error of `path` is to be reported (not the one reported last)."""
@@ -107,28 +138,64 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]], *, missing_ok: bool = 
     """Files named by paths, directories (their OTLP JSON and compressed files, recursively) and globs.
 
     A file named explicitly is read whatever its name; a directory's files are those named
-    `*.json*`, `*.gz`, `*.zst` or `*.zstd`.
+    `*.json*`, `*.gz`, `*.zst` or `*.zstd` (what is so named and no file is listed too: its
+    read reports it).
 
     Raises:
         FileNotFoundError: a path matches nothing (unless `missing_ok`).
+        OSError: a path names a FIFO, a device or a socket (unless `missing_ok`).
     """
     files: list[str] = []
     for spec in paths:
         path = Path(spec)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if _TRACE_NAME.fullmatch(p.name) and p.is_file())
+            # Whatever has a trace file's name is listed, files or not: a FIFO, a device, a dangling
+            # link or a directory so named is a read error of its own (never opened), not skipped silently.
+            found = sorted(p for p in path.rglob("*") if _TRACE_NAME.fullmatch(p.name))
         elif any(ch in str(spec) for ch in "*?["):
             anchor = Path(path.anchor or ".")
             pattern = str(path.relative_to(anchor)) if path.is_absolute() else str(spec)
             found = sorted(p for p in anchor.glob(pattern) if p.is_file())
         elif path.exists() or path.is_symlink():
-            found = [path]  # not a regular file, or a dangling link: named when it is read
+            if not missing_ok:
+                _refuse_special(path)
+            found = [path]  # a dangling link: named when it is read
         elif missing_ok:
             found = []
         else:
             raise FileNotFoundError(f"{spec}: no such file or directory")
         files.extend(str(p) for p in found)
     return list(dict.fromkeys(files))
+
+
+_KINDS: Final = {
+    stat.S_ISFIFO: "a FIFO",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def _not_a_file(mode: int) -> str:
+    """What a path that is no regular file is, as a read error names it."""
+    if stat.S_ISDIR(mode):
+        return "a directory, not a trace file"
+    kind = next((kind for test, kind in _KINDS.items() if test(mode)), "not a regular file")
+    return f"{kind}, not a trace file (not opened)"
+
+
+def _refuse_special(path: Path) -> None:
+    """Refuse a FIFO, device or socket named on the command line before it is opened (a FIFO would hang the read).
+
+    Raises:
+        OSError: it is one (the caller's `user_files` makes it bad input).
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # a dangling link: named when it is read
+    if any(test(mode) for test in _KINDS):
+        raise OSError(errno.EINVAL, _not_a_file(mode), str(path))
 
 
 def pending_bytes(files: Sequence[str], cursors: Cursors, *, text: bool = False) -> int:
@@ -141,6 +208,8 @@ def pending_bytes(files: Sequence[str], cursors: Cursors, *, text: bool = False)
             st = os.stat(path)
         except OSError:
             continue
+        if not stat.S_ISREG(st.st_mode):
+            continue  # named when it is read, never opened
         cursor = cursors.files.get((st.st_dev, st.st_ino))
         if cursor is None or cursor.compression:
             size = st.st_size if cursor is None or _changed(cursor, st) else 0
@@ -157,6 +226,40 @@ def _compression_of(path: str) -> str:
             return sources.compression_of(f.read(8))
     except OSError:
         return ""  # named when it is read
+
+
+def _gone(cursor: Cursor) -> bool:
+    """Whether the file a cursor follows is gone from its last name, or holds less there than was read."""
+    try:
+        return os.stat(cursor.path).st_size < cursor.offset  # truncated there, or replaced by a shorter file
+    except OSError:
+        return True
+
+
+def _rotated_name(path: str, original: str) -> bool:
+    """Whether `path` is a name logrotate gives a copy of `original` (`NAME.1`, `NAME-DATE`, `NAME.1.gz`)."""
+    head, name = os.path.split(path)
+    original_head, original_name = os.path.split(original)
+    return (
+        head == original_head
+        and name[len(original_name) : len(original_name) + 1] in (".", "-", "_")
+        and (name.startswith(original_name))
+    )
+
+
+def _text_head(f: BinaryIO, compression: str) -> bytes:
+    """The first FINGERPRINT_BYTES of a compressed file's text (what its fingerprint is of, uncompressed)."""
+    text = b""
+    f.seek(0)
+    try:
+        for block in sources.decompress(f, compression):
+            text += block
+            if len(text) >= FINGERPRINT_BYTES:
+                break
+    except sources.CompressedDataError:
+        pass  # what it held before the damage: named when it is read
+    f.seek(0)
+    return text[:FINGERPRINT_BYTES]
 
 
 def _changed(cursor: Cursor, st: os.stat_result) -> bool:
@@ -195,8 +298,10 @@ def _file_pieces(path: str, cursors: Cursors, seen: set[Identity], final: bool) 
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+            raise OSError(errno.EINVAL, _not_a_file(st.st_mode))
     except OSError as exc:
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            exc = OSError(errno.ENOENT, "a dangling symbolic link")
         if exc.errno == errno.ENOENT and any(c.path == path for c in cursors.files.values()):
             return  # renamed or removed since it was read: a rotation, read on under its new name
         if cursors.report(path, unreadable(exc)):
@@ -215,7 +320,10 @@ def _file_pieces(path: str, cursors: Cursors, seen: set[Identity], final: bool) 
         with open(path, "rb", buffering=0) as f:
             head = f.read(FINGERPRINT_BYTES)
             cursors.failed.pop(path, None)
-            if cursor is None or st.st_size < cursor.size or not head.startswith(cursor.fingerprint[: len(head)]):
+            fresh = cursor is None or st.st_size < cursor.size or not head.startswith(cursor.fingerprint[: len(head)])
+            if cursor is None or fresh:
+                if cursor is not None and cursor.offset:
+                    cursors.retire(cursor)  # truncated (copytruncate) or rewritten: a copy may turn up
                 cursor = cursors.files[identity] = Cursor(path)  # new, truncated, or another file on this inode
             if len(head) > len(cursor.fingerprint):
                 cursor.fingerprint = head
@@ -229,6 +337,11 @@ def _file_pieces(path: str, cursors: Cursors, seen: set[Identity], final: bool) 
                         yield Piece(path, identity, 0, 0, 0, error=cursor.not_json, seen=(*stamp, True))
             if cursor.not_json:
                 return
+            if fresh:
+                text = _text_head(f, cursor.compression) if cursor.compression else head
+                known = cursors.read_before(text, path, identity, None if cursor.compression else st.st_size)
+                if known is not None:  # a copy of text read before (logrotate's copy, maybe compressed)
+                    cursor.offset, cursor.next_line, cursor.document = known.offset, known.next_line, known.document
             if cursor.compression:
                 yield from _compressed_pieces(f, path, identity, cursor, stamp, final)
             else:

@@ -161,6 +161,13 @@ def _units(
     else:
         stop, lines = first, 0
         while (nl := data.find(b"\n", stop, end)) >= 0:
+            if data[stop] in b" \t\r\n":
+                # Blank lines are counted in bulk and left out: no object per empty line.
+                past = _past_blank_lines(data, stop, end)
+                if past > stop:
+                    lines += data.count(b"\n", stop, past)
+                    stop = past
+                    continue
             lines += 1
             bounds.append((stop, nl, lines))
             stop = nl + 1
@@ -177,6 +184,19 @@ def _units(
         elif not _blank(view[start:last]):
             units.append(_Unit(piece, number, start, last, cut and k == len(bounds) - 1))
     return stop, lines
+
+
+def _past_blank_lines(data: bytearray, start: int, end: int) -> int:
+    """Just past the blank lines at data[start:end] (`start` when there are none), a window at a time."""
+    at, size = start, 256  # a line that merely starts with a space costs a short look
+    while at < end:
+        window = data[at : min(end, at + size)]
+        text = window.lstrip(b" \t\r\n")
+        if text:
+            end = at + len(window) - len(text)
+            break
+        at, size = at + len(window), min(2 * size, 1 << 20)
+    return data.rfind(b"\n", start, end) + 1 or start
 
 
 def _text_start(data: bytearray, start: int, end: int) -> int:

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from kvaudit.contract import EVENT_PAGE
+from kvaudit.otlp.limits import MAX_ATTRIBUTES
 from kvaudit.read.scan_json import (
     FAIL,
     FALSE,
@@ -471,7 +472,11 @@ def _event(
             seen |= 4
             i = inside(buf, i, 91)
             after = 0
+            count = 0
             while i >= 0 and buf[i] != 93:
+                count += 1
+                if count > MAX_ATTRIBUTES:  # the general decoder names the line
+                    return FAIL, False, 0
                 i, after = _attribute(buf, i, end, names, row, out, after)
                 i = next_item(buf, i)
             if i >= 0:

@@ -128,4 +128,6 @@ def _zstd_frames(file: BinaryIO) -> Iterator[bytes]:
             raise CompressedDataError("a length-prefixed zstd frame ends early (truncated?)")
         if not frame.startswith(_ZSTD_MAGIC):
             raise CompressedDataError("a length-prefixed frame that is not zstd")
-        yield b"".join(_inflated(io.BytesIO(frame), ZSTD)) + b"\n"
+        # A block at a time, as any other zstd: the line limit applies before a frame is whole.
+        yield from _inflated(io.BytesIO(frame), ZSTD)
+        yield b"\n"

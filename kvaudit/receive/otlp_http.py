@@ -10,8 +10,9 @@ configtls, bearertokenauth), each bounded by `ReceiverLimits`; docs/operations.m
 lists them beside the Collector's defaults:
 
 - the body limit holds after decompression, for every gzip member;
-- requests hold a shared memory budget; past it they are refused with 503 and
-  Retry-After, before their bodies are read where the length already tells;
+- requests hold a shared memory budget, their bodies reserved as they arrive; past it
+  they are refused with 503 and Retry-After (saying what holds the budget), or 413
+  before their bodies are read where the length alone could never fit;
 - headers and bodies have deadlines (a slow sender cannot hold a connection), the
   connections served at once are bounded, and the listen backlog is the system's;
 - a request that cannot succeed as sent is answered 4xx, a part of one that cannot
@@ -45,7 +46,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from kvaudit.emit.line_file import NO_SPACE_ERRNOS
 from kvaudit.errors import BadValueError
 from kvaudit.receive.http_security import SecureServerMixin, ServerSecurity
-from kvaudit.receive.memory_budget import BudgetExceededError, MemoryBudget, Reservation
+from kvaudit.receive.memory_budget import (
+    BODY_STEP,
+    DECODE_BYTES_PER_BODY_BYTE,
+    BudgetExceededError,
+    MemoryBudget,
+    Reservation,
+)
 from kvaudit.receive.request_body import JSON, PROTOBUF, BadRequestError, decode_body
 from kvaudit.receive.trace_sink import TraceSink, WriteResult
 
@@ -213,10 +220,12 @@ class _Handler(BaseHTTPRequestHandler):
             BudgetExceededError, BadRequestError: refused (nothing written).
             OSError: the write failed (nothing written).
         """
-        reservation.grow(length)
-        body = self._read_body(length)
+        # A body that, arrived and decoded, could never fit is refused before a byte of it is read.
+        self.server.budget.check_whole(length * (1 + DECODE_BYTES_PER_BODY_BYTE))
+        body = self._read_body(length, reservation)
         if body is None:
             return None
+        reservation.receiving = False
         request = decode_body(
             body,
             self.headers.get("Content-Type", ""),
@@ -253,22 +262,29 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return length
 
-    def _read_body(self, length: int) -> bytes | None:
-        """The body, read before the request's deadline; None when the peer left before sending it all.
+    def _read_body(self, length: int, reservation: Reservation) -> bytearray | None:
+        """The body, read before the request's deadline and reserved as it arrives, a MiB at a
+        time; None when the peer left before sending it all.
 
         Raises:
             TimeoutError: it did not arrive in time.
+            BudgetExceededError: what has arrived and the next MiB do not fit in the budget now.
         """
         self._reader.deadline = self._started + self.server.limits.read_timeout_s
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError:
-            raise  # answered 408 by do_POST; a TimeoutError is an OSError too, not a peer gone
-        except OSError:  # reset by the peer
-            body = b""
-        if len(body) < length:
-            self.close_connection = True  # the peer is gone; nothing to answer
-            return None
+        body = bytearray()
+        while len(body) < length:
+            step = min(BODY_STEP, length - len(body))
+            reservation.grow(step)
+            try:
+                chunk = self.rfile.read(step)
+            except TimeoutError:
+                raise  # answered 408 by do_POST; a TimeoutError is an OSError too, not a peer gone
+            except OSError:  # reset by the peer
+                chunk = b""
+            body += chunk
+            if len(chunk) < step:
+                self.close_connection = True  # the peer is gone; nothing to answer
+                return None
         return body
 
     def _acknowledge(self, rejected_spans: int, message: str) -> None:

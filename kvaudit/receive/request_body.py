@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from kvaudit.errors import InputError
 from kvaudit.otlp.encode import line_to_traces_data
-from kvaudit.receive.memory_budget import DECODE_BYTES_PER_BODY_BYTE, Reservation
+from kvaudit.receive.memory_budget import DECODE_BYTES_PER_BODY_BYTE, DECODE_BYTES_PER_SPAN, Reservation
 
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
@@ -33,7 +33,7 @@ class BadRequestError(InputError):
 
 
 def decode_body(
-    body: bytes, content_type: str, content_encoding: str, max_body: int, reservation: Reservation
+    body: bytes | bytearray, content_type: str, content_encoding: str, max_body: int, reservation: Reservation
 ) -> ExportTraceServiceRequest:
     """The export request in an OTLP/HTTP body; the memory decoding takes is reserved as it goes.
 
@@ -61,14 +61,18 @@ def decode_body(
         except DecodeError as exc:
             # upb also refuses messages nested more than 100 deep here.
             raise BadRequestError(HTTPStatus.BAD_REQUEST, f"invalid protobuf: {exc}") from None
-        return request
-    try:
-        traces = line_to_traces_data(data)
-    except ValueError as exc:
-        raise BadRequestError(HTTPStatus.BAD_REQUEST, f"invalid OTLP JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequestError(HTTPStatus.BAD_REQUEST, "invalid OTLP JSON: nested too deeply") from None
-    return ExportTraceServiceRequest(resource_spans=traces.resource_spans)
+    else:
+        try:
+            traces = line_to_traces_data(data)
+        except ValueError as exc:
+            raise BadRequestError(HTTPStatus.BAD_REQUEST, f"invalid OTLP JSON: {exc}") from None
+        except RecursionError:
+            raise BadRequestError(HTTPStatus.BAD_REQUEST, "invalid OTLP JSON: nested too deeply") from None
+        request = ExportTraceServiceRequest(resource_spans=traces.resource_spans)
+    # Encoding the spans as a line costs per span as well as per byte (tiny spans cost most).
+    spans = sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
+    reservation.grow(spans * DECODE_BYTES_PER_SPAN)
+    return request
 
 
 def _gunzip(body: bytes, max_body: int, reservation: Reservation) -> bytearray:

@@ -55,7 +55,7 @@ def test_collect_writes_kv_events_and_their_loss(tmp_path: Path):
         stdout, stderr = process.communicate(timeout=30)
         pub.close()
         context.term()
-    assert process.returncode == 0, stderr
+    assert process.returncode == 143, stderr  # stopped by SIGTERM, as shells report it
     assert "2 batches (0 replayed), 1 gaps, 1 batches lost" in stdout
     store = TraceStore([out])
     store.refresh()

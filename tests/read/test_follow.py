@@ -13,31 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.cli import main
 from kvaudit.commands.metrics_server import serve
 from kvaudit.emit.line_file import LineFile
 from kvaudit.read.open import open_store
-from kvaudit.read.store import TraceStore
 
 from ..support.hostile import good_lines
+from ..support.live_reads import append, counts, live
 
 LINES = 24
-
-
-def _live(paths: list[Path | str]) -> DuckDBBackend:
-    return DuckDBBackend(TraceStore(paths, ":memory:"))
-
-
-def _counts(backend: DuckDBBackend) -> tuple[int, int]:
-    """Pages read, and distinct requests among them (each good line is one request)."""
-    backend.refresh(final=False)
-    return backend.query("SELECT count(*), count(DISTINCT request_id) FROM pages")[1][0]
-
-
-def _append(path: Path, lines: list[bytes]) -> None:
-    with path.open("ab") as f:
-        f.write(b"".join(lines))
 
 
 @pytest.mark.parametrize("follow", ["directory", "glob"])
@@ -46,20 +30,20 @@ def test_the_collectors_rotation_never_counts_a_line_twice(tmp_path: Path, follo
     starts a fresh `traces.json`; its writer may finish a batch in the old one."""
     lines = good_lines(LINES)
     active = tmp_path / "traces.json"
-    backend = _live([tmp_path if follow == "directory" else tmp_path / "traces*.json"])
-    _append(active, lines[0:4])
-    assert _counts(backend) == (4, 4)
-    _append(active, lines[4:6])  # written before the rotation, read after it
+    backend = live([tmp_path if follow == "directory" else tmp_path / "traces*.json"])
+    append(active, lines[0:4])
+    assert counts(backend) == (4, 4)
+    append(active, lines[4:6])  # written before the rotation, read after it
     rotated = tmp_path / "traces-2026-12-03T10-00-00.000.json"
     active.rename(rotated)
-    _append(active, lines[6:9])
-    assert _counts(backend) == (9, 9)
-    _append(rotated, lines[9:10])  # a batch finished in the old file
-    assert _counts(backend) == (10, 10)
+    append(active, lines[6:9])
+    assert counts(backend) == (9, 9)
+    append(rotated, lines[9:10])  # a batch finished in the old file
+    assert counts(backend) == (10, 10)
     active.rename(tmp_path / "traces-2026-12-03T10-05-00.000.json")
-    _append(active, lines[10:12])
+    append(active, lines[10:12])
     rotated.unlink()  # the oldest backup removed: its rows stay
-    assert _counts(backend) == (12, 12)
+    assert counts(backend) == (12, 12)
     # Rows keep the name their file had when they were read.
     assert backend.query("SELECT DISTINCT file FROM pages ORDER BY 1")[1] == [(str(rotated),), (str(active),)]
 
@@ -68,14 +52,14 @@ def test_the_exporters_counts_are_unchanged_by_a_rotation(tmp_path: Path):
     """`kvaudit exporter` reads what is new at each scrape: rotation leaves its counters as they were."""
     lines = good_lines(LINES)
     active = tmp_path / "traces.json"
-    _append(active, lines[:4])
-    server, port = serve(_live([tmp_path]), "127.0.0.1", 0)
+    append(active, lines[:4])
+    server, port = serve(live([tmp_path]), "127.0.0.1", 0)
     try:
         before = _scraped_pages(port)
         active.rename(tmp_path / "traces-2026-12-03T10-00-00.000.json")
         active.write_bytes(b"")
         after = _scraped_pages(port)
-        _append(active, lines[4:6])
+        append(active, lines[4:6])
         grown = _scraped_pages(port)
     finally:
         server.shutdown()
@@ -92,14 +76,14 @@ def _scraped_pages(port: int) -> float:
 def test_kvaudits_own_rotation_never_counts_a_line_twice(tmp_path: Path):
     lines = good_lines(LINES)
     writer = LineFile(tmp_path / "r1.jsonl", max_bytes=3 * len(lines[0]))  # rotates every few lines
-    backend = _live([tmp_path])
+    backend = live([tmp_path])
     for n, line in enumerate(lines, start=1):
         writer.write(line)
         if n % 2 == 0:
-            assert _counts(backend) == (n, n)
+            assert counts(backend) == (n, n)
     writer.close()
     assert len(list(tmp_path.iterdir())) > LINES // 4  # it did rotate
-    assert _counts(backend) == (LINES, LINES)
+    assert counts(backend) == (LINES, LINES)
 
 
 @pytest.mark.parametrize("truncated", [False, True], ids=["rewritten-in-place", "truncated-and-refilled"])
@@ -109,8 +93,8 @@ def test_a_file_rewritten_is_read_from_its_start(tmp_path: Path, truncated: bool
     lines = good_lines(LINES)
     path = tmp_path / "r1.jsonl"
     path.write_bytes(b"".join(lines[:3]))
-    backend = _live([tmp_path])
-    assert _counts(backend) == (3, 3)
+    backend = live([tmp_path])
+    assert counts(backend) == (3, 3)
     inode = path.stat().st_ino
     if truncated:
         path.write_bytes(b"".join(lines[3:5]))  # shorter than it was
@@ -118,19 +102,19 @@ def test_a_file_rewritten_is_read_from_its_start(tmp_path: Path, truncated: bool
         with path.open("r+b") as f:  # no truncation, now longer
             f.write(b"".join(lines[3:8]))
     assert path.stat().st_ino == inode
-    assert _counts(backend) == ((5, 5) if truncated else (8, 8))
+    assert counts(backend) == ((5, 5) if truncated else (8, 8))
 
 
 def test_a_named_file_between_rotations_is_no_error(tmp_path: Path):
     lines = good_lines(LINES)
     path = tmp_path / "traces.json"
     path.write_bytes(b"".join(lines[:2]))
-    backend = _live([path])
-    assert _counts(backend) == (2, 2)
+    backend = live([path])
+    assert counts(backend) == (2, 2)
     path.rename(tmp_path / "traces-1.json")  # renamed, its successor not created yet
-    assert _counts(backend) == (2, 2)
+    assert counts(backend) == (2, 2)
     path.write_bytes(b"".join(lines[2:5]))
-    assert _counts(backend) == (5, 5)
+    assert counts(backend) == (5, 5)
     assert backend.query("SELECT count(*) FROM read_errors")[1] == [(0,)]
 
 
@@ -145,8 +129,8 @@ def test_ingest_twice_is_ingest_once_and_then_only_what_is_new(
     traces = tmp_path / "traces"
     traces.mkdir()
     r1, r2 = traces / "r1.jsonl", traces / "r2.jsonl"
-    _append(r1, lines[:4])
-    _append(r2, [*lines[4:6], b"not json\n"])
+    append(r1, lines[:4])
+    append(r2, [*lines[4:6], b"not json\n"])
     output = str(tmp_path / ("out.duckdb" if target == "-o" else "dataset"))
 
     def ingest() -> tuple[int, int]:
@@ -158,15 +142,15 @@ def test_ingest_twice_is_ingest_once_and_then_only_what_is_new(
 
     assert ingest() == (6, 1)
     assert ingest() == (6, 1)  # nothing new: nothing added
-    _append(r1, lines[6:8])
+    append(r1, lines[6:8])
     assert ingest() == (8, 1)  # only the appended lines
     r1.rename(traces / "r1-2026-12-03T10-00-00.000.jsonl")  # rotated between ingests
-    _append(r1, lines[8:9])
+    append(r1, lines[8:9])
     assert ingest() == (9, 1)
-    _append(r1, [lines[9][:100]])  # a writer in the middle of a line
+    append(r1, [lines[9][:100]])  # a writer in the middle of a line
     assert ingest() == (9, 1)
     assert "r1.jsonl ends in an unterminated line: left for the next ingest" in capsys.readouterr().err
-    _append(r1, [lines[9][100:]])
+    append(r1, [lines[9][100:]])
     assert ingest() == (10, 1)  # the whole line, once it is whole
 
 

@@ -83,7 +83,11 @@ def test_a_file_that_cannot_be_read_is_named_and_the_others_are_read(tmp_path: P
     tables = reader.read_files([str(vanished), str(good), str(tmp_path / "a-directory.jsonl")], store.cursors)
     assert tables.errors.to_pylist() == [
         {"file": str(vanished), "line": 0, "reason": "cannot read the file: No such file or directory"},
-        {"file": str(tmp_path / "a-directory.jsonl"), "line": 0, "reason": "cannot read the file: not a regular file"},
+        {
+            "file": str(tmp_path / "a-directory.jsonl"),
+            "line": 0,
+            "reason": "cannot read the file: a directory, not a trace file",
+        },
     ]
     assert tables.pages.num_rows == LINES
     again = reader.read_files([str(vanished), str(good)], store.cursors)  # a live store: named once

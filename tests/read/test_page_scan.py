@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from kvaudit.contract import EVENT_PAGE, PAGE_COLUMNS, Hook, Op, Res
 from kvaudit.emit.setup import setup_emitter
+from kvaudit.otlp.limits import MAX_ATTRIBUTES
 from kvaudit.read import page_scan, reader, scan_json
 from kvaudit.read.reader import read_range
 from kvaudit.read.store import TraceStore
@@ -179,6 +180,21 @@ def test_a_broken_line_reads_as_the_general_decoder_reads_it(
     path = tmp_path_factory.mktemp("broken") / "traces.jsonl"
     path.write_text(line + data.draw(st.sampled_from(["\n", ""])), encoding="utf-8")  # "": a truncated last line
     assert _read(path, scan=True) == _read(path, scan=False)
+
+
+def test_a_page_event_past_the_attribute_limit_is_named_scanned_or_not(trace_dir: Path):
+    path = trace_dir / "r1.jsonl"
+    emitter = setup_emitter("r1", f"file:{path}", engine="vllm", kv=KV)
+    with emitter.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id="q") as op:
+        op.add_page(full_page("0" * 64, 0))
+    emitter.shutdown()
+    data = json.loads(path.read_bytes().splitlines()[0])
+    event = data["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"][0]
+    event["attributes"] += [{"key": f"x{n}", "value": {"intValue": "1"}} for n in range(MAX_ATTRIBUTES)]
+    path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    read = _read(path, scan=True)
+    assert read == _read(path, scan=False)
+    assert read["pages"] == [] and "attributes of one event, more than the 1024" in read["errors"][0]["reason"]
 
 
 def test_what_kvaudit_writes_never_needs_the_general_decoder(trace_dir: Path):

@@ -206,3 +206,46 @@ def write_corpus(directory: Path) -> list[Case]:
     for case in CASES:
         case.write(directory)
     return CASES
+
+
+# --- tiny files that inflate: memory must follow the limits, not what a file inflates to --------
+
+GiB = 1 << 30
+
+
+def _zstd_of(repeated: bytes, total: int) -> bytes:
+    """One zstd frame of `repeated` over and over, `total` bytes inflated, made a MiB at a time."""
+    from kvaudit.read.sources import zstd
+
+    compressor = zstd.ZstdCompressor()
+    block = repeated * ((1 << 20) // len(repeated))
+    parts = [compressor.compress(block[: min(len(block), total - made)]) for made in range(0, total, len(block))]
+    return b"".join(parts) + compressor.flush(zstd.ZstdCompressor.FLUSH_FRAME)
+
+
+def zstd_frame_bomb(path: Path, inflated: int = GiB) -> Path:
+    """The Collector's length-prefixed zstd framing, one frame of a single line of `inflated` bytes (about 33 KB)."""
+    frame = _zstd_of(b"x", inflated)
+    path.write_bytes(len(frame).to_bytes(4, "big") + frame)
+    return path
+
+
+def zstd_of_newlines(path: Path, inflated: int = GiB) -> Path:
+    """A `.zst` of `inflated` bytes of newlines (about 33 KB)."""
+    path.write_bytes(_zstd_of(b"\n", inflated))
+    return path
+
+
+def newlines(path: Path, size: int = 10_000_000) -> Path:
+    """`size` bytes of nothing but newlines."""
+    path.write_bytes(b"\n" * size)
+    return path
+
+
+def many_attributes(path: Path, count: int = 1_000_000) -> Path:
+    """A good line whose span carries `count` attributes (about 47 MB for a million), between good lines."""
+    attributes = b",".join(b'{"key":"k%d","value":{"intValue":"%d"}}' % (n, n) for n in range(count))
+    lines = good_lines()
+    lines[1] = _with_value("k", b'{"intValue":"0"}},' + attributes[: -len(b"}")])(lines[1])
+    path.write_bytes(b"".join(lines))
+    return path
