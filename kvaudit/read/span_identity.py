@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 
 from kvaudit.read.columns import Tables
 
-# About 30 MiB of identities (a hash and its place in the set each); a fleet of 12
-# replicas emits far fewer spans than this in the minutes an OTLP retry can take.
+# Identities kept (a hash each, in a set and a queue; their memory is in docs/design.md section
+# 3.1): a fleet emits far fewer spans than this in the minutes an OTLP retry can take.
 REMEMBERED: Final = 262_144
 
 

@@ -157,12 +157,20 @@ class TraceStore:
         other._rows = self._rows if isinstance(self._rows, ArrowTables) else None
         return other
 
-    def refresh(self, *, final: bool = True, progress: Callable[[int], None] | None = None) -> Tables:
+    def refresh(
+        self,
+        *,
+        final: bool = True,
+        progress: Callable[[int], None] | None = None,
+        added: Callable[[Tables], None] | None = None,
+    ) -> Tables:
         """Read what was appended to the files since the last refresh.
 
         Args:
             final: also read an unterminated last line (see `reader.read_files`).
             progress: called with the bytes of each decoded range.
+            added: called with the rows each decoded range added, as soon as they are in
+                the store (a live figure adds them up: `kvaudit exporter`).
 
         Returns:
             The rows added by this refresh (a span read before is not among them).
@@ -177,7 +185,7 @@ class TraceStore:
                     final=final,
                     workers=self._workers,
                     progress=progress,
-                    sink=self.append,
+                    sink=self.append if added is None else lambda tables: _told(added, self.append(tables)),
                 )
             finally:
                 if self._kept:  # in the transaction of the rows read: both or neither
@@ -233,6 +241,11 @@ class TraceStore:
 
     def close(self) -> None:
         self._con.close()
+
+
+def _told(added: Callable[[Tables], None], tables: Tables) -> Tables:
+    added(tables)
+    return tables
 
 
 def create_views(con: duckdb.DuckDBPyConnection, *, one_per_identity: bool = True) -> None:
