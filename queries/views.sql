@@ -145,7 +145,11 @@ FROM (
                      'value': coalesce(json_extract_string(e.value, '$.stringValue'),
                                        CAST(json_extract(e.value, '$.*')[1] AS VARCHAR))}) AS other
     FROM kvaudit_raw_spans
-) z;
+) z
+-- One row per span identity: a span on disk twice (an OTLP retry, a file collected twice)
+-- is read once, its first copy by file and line (docs/design.md section 3.1).
+QUALIFY coalesce(trace_id, '') = '' OR coalesce(span_id, '') = ''
+    OR row_number() OVER (PARTITION BY trace_id, span_id ORDER BY file, line) = 1;
 
 CREATE OR REPLACE VIEW spans AS
 SELECT * EXCLUDE (attributes, s),

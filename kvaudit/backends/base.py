@@ -21,7 +21,7 @@ that reads the views and nothing else, stopped at a time limit, its rows capped.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from kvaudit.errors import InputError
@@ -145,17 +145,38 @@ class Backend(ABC):
             BackendError: the view could not be created.
         """
 
-    def refresh(self, *, final: bool = True) -> Tables | None:
+    def refresh(
+        self,
+        *,
+        final: bool = True,
+        added: Callable[[Tables], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Tables | None:
         """Take in what arrived since the last call, where the backend reads growing files itself.
 
         Args:
             final: also read an unterminated last line (a one-shot read, not a live one).
+            added: called with the rows of each part of the read as it is taken in.
+            progress: called with the bytes of each part read.
 
         Returns:
             The rows added; None for a backend whose queries always see the newest data
             (ClickHouse fed by the Collector, an ingested database), which has nothing to read.
         """
         return None
+
+    @property
+    def follows_files(self) -> bool:
+        """Whether `refresh` reads growing trace files (otherwise the queries see the newest data)."""
+        return False
+
+    def behind_bytes(self) -> int:
+        """Bytes of the files the backend follows that `refresh` has not read yet (0 where it reads none)."""
+        return 0
+
+    def repeated_spans(self) -> int:
+        """Spans read a second time and dropped so far (see `kvaudit.read.span_identity`; 0 where it reads none)."""
+        return 0
 
     @abstractmethod
     def cursor(self) -> Backend:

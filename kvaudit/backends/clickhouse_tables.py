@@ -228,14 +228,24 @@ def typed_view_statements() -> dict[str, str]:
             name: name if name in stored else expression for name, expression in view_expressions()[table.view].items()
         }
         distinct = "DISTINCT " if table.view == "replicas" else ""
+        once = f" LIMIT 1 BY {_one_row_by(table)}" if table.view in ("spans", "pages") else ""
         statements[table.view] = (
-            f"CREATE TEMPORARY VIEW {table.view} AS SELECT {distinct}{select_list(columns)} FROM {table.name}"
+            f"CREATE TEMPORARY VIEW {table.view} AS SELECT {distinct}{select_list(columns)} FROM {table.name}{once}"
         )
         if table.view == "pages":
             statements[KEYED_VIEW] = (
-                f"CREATE TEMPORARY VIEW {KEYED_VIEW} AS SELECT {select_list(columns)}, {KEY_ID} FROM {table.name}"
+                f"CREATE TEMPORARY VIEW {KEYED_VIEW} AS SELECT {select_list(columns)}, {KEY_ID} FROM {table.name}{once}"
             )
     return statements
+
+
+def _one_row_by(table: TypedTable) -> str:
+    """What keeps one row per span identity (kvaudit.read.span_identity) in a typed table, where a
+    span the Collector stored twice is twice: a span's identity, and for a page event of a span
+    every column stored (the table keeps no position of the event in its span)."""
+    if table.view == "spans":
+        return "trace_id, span_id"
+    return ", ".join(field.name for field in table.columns if field.type not in _UNNULLABLE)
 
 
 def existing_query() -> str:

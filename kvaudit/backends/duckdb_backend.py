@@ -16,7 +16,7 @@ it (`memory_limit`, `max_temp_directory_size`; DuckDB's defaults are put back af
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -36,7 +36,7 @@ from kvaudit.backends.base import (
     one_query,
 )
 from kvaudit.read.columns import Tables
-from kvaudit.read.store import TraceStore
+from kvaudit.read.store import TraceStore, create_views
 
 # Settings a sealed database may still change: a live store's inserts run on one thread;
 # the sandbox bounds each rule's memory and spill, and gives the rest of kvaudit its own back.
@@ -107,8 +107,24 @@ class DuckDBBackend(Backend):
         with _errors():
             self.store.con.execute(f"CREATE OR REPLACE TEMP VIEW {_identifier(name)} AS {sql}")
 
-    def refresh(self, *, final: bool = True) -> Tables | None:
-        return self.store.refresh(final=final) if self.store.follows_files else None
+    def refresh(
+        self,
+        *,
+        final: bool = True,
+        added: Callable[[Tables], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Tables | None:
+        return self.store.refresh(final=final, added=added, progress=progress) if self.follows_files else None
+
+    @property
+    def follows_files(self) -> bool:
+        return self.store.follows_files
+
+    def behind_bytes(self) -> int:
+        return self.store.pending_bytes() if self.follows_files else 0
+
+    def repeated_spans(self) -> int:
+        return self.store.identities.repeats
 
     def cursor(self) -> DuckDBBackend:
         return DuckDBBackend(self.store.cursor(), readable=self.readable)
@@ -183,6 +199,29 @@ def _interrupt_after(con: duckdb.DuckDBPyConnection, seconds: float, interrupted
         with lock:
             running[0] = False
         timer.cancel()
+
+
+class ReadRows:
+    """The views over the rows one read added (`TraceStore.refresh`), alone, on a connection of
+    their own: what arrived, figured by the same SQL that figures a whole history."""
+
+    def __init__(self) -> None:
+        self._con = duckdb.connect()
+        self._con.execute("SET threads = 1")  # a read's rows are few; the reader has the cores
+        self._made = False
+
+    def query(self, added: Tables, sql: str) -> Rows:
+        """The rows of `sql` over the views of `added` only."""
+        for name, table in added.by_name().items():
+            self._con.register(name, table)
+        if not self._made:
+            create_views(self._con, one_per_identity=False)  # a span read twice was dropped as read
+            self._made = True
+        with _errors():
+            return self._con.execute(sql).fetchall()
+
+    def close(self) -> None:
+        self._con.close()
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """`kvaudit ingest`: materialise trace files into a DuckDB database or a Parquet dataset, with the same views.
 
 An ingest into an existing database or dataset adds only what is new in the files since
-the last ingest into it: how far each file was read is kept there (`kvaudit.read.positions`).
+the last ingest into it: how far each file was read is kept there (`kvaudit.read.positions`),
+and a span it holds already is not added again (`kvaudit.read.span_identity`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{args.output}: {str(exc).splitlines()[0]}") from None
         if args.parquet is not None:
             store.cursors = parquet.read_positions(args.parquet)
+            parquet.remember_spans(args.parquet, store.identities)
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())
@@ -78,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         if added or not parquet.is_dataset(args.parquet):
             parquet.write(store, args.parquet)
         parquet.write_positions(args.parquet, store.cursors)
+        if store.identities.forgot:
+            parquet.mark_repeats(args.parquet)
         store.close()
         store = open_parquet(args.parquet)
     _, [(pages, spans, errors)] = store.query(

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from kvaudit.backends import Backend
-from kvaudit.present.exporter_metrics import TraceMetrics
+from kvaudit.present.exporter_metrics import ANALYSE_EVERY_S, TraceMetrics
 from kvaudit.receive.http_security import BearerToken, SecureServerMixin, ServerSecurity
 
 # A scrape that stalls (or a client that connects and says nothing) gives up its thread after this.
@@ -27,6 +27,13 @@ SCRAPE_IO_TIMEOUT_S = 30.0
 
 class _MetricsServer(SecureServerMixin, ThreadingWSGIServer):
     handshake_timeout_s = SCRAPE_IO_TIMEOUT_S
+    metrics: TraceMetrics | None = None
+
+    def shutdown(self) -> None:
+        """Stop serving, then stop the figures' threads."""
+        super().shutdown()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -37,16 +44,24 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def serve(
-    backend: Backend, host: str, port: int, *, skew_s: float = 1.0, security: ServerSecurity | None = None
+    backend: Backend,
+    host: str,
+    port: int,
+    *,
+    skew_s: float = 1.0,
+    analyse_every_s: float = ANALYSE_EVERY_S,
+    security: ServerSecurity | None = None,
 ) -> tuple[WSGIServer, int]:
-    """Start serving /metrics in a background thread; returns the server and its port.
+    """Start serving /metrics in a background thread, and reading the traces in others
+    (`TraceMetrics`); returns the server (its `shutdown()` stops them all) and its port.
 
     Raises:
         OSError: the address cannot be bound, or the TLS certificate or key cannot be loaded.
     """
     security = security or ServerSecurity()
     registry = CollectorRegistry()
-    registry.register(TraceMetrics(backend, skew_s=skew_s))
+    metrics = TraceMetrics(backend, skew_s=skew_s, analyse_every_s=analyse_every_s)
+    registry.register(metrics)
     app = make_wsgi_app(registry)
     if security.bearer is not None:
         app = _bearer_required(app, security.bearer)
@@ -54,6 +69,7 @@ def serve(
     server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
     server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
     server.tls_context = security.tls.context() if security.tls else None  # type: ignore[attr-defined]
+    server.metrics = metrics.start()  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, name="kvaudit-exporter-http", daemon=True).start()
     return server, server.server_port
 

@@ -1,8 +1,9 @@
 """Derived metrics for Prometheus: what `kvaudit exporter` serves on /metrics.
 
-Each scrape reads what was appended to the trace files since the last one and
-computes the figures with SQL over the views, the named queries and the audit's
-findings (see `kvaudit.analyse.derived_views`). Names are defined OTel-style (dotted,
+Counters add what each read of the trace files took in (`exporter_counts`); the audit's
+findings and the reuse left on the table are figured over the whole history by the
+views, the named queries and the auditor (see `kvaudit.analyse.derived_views`), in the
+background; a scrape serves the last figures of both (`TraceMetrics`). Names are defined OTel-style (dotted,
 with a UCUM unit) and translated the way OpenTelemetry's Prometheus exporter does
 (`kvaudit.fetch.duration` in `s` → `kvaudit_fetch_duration_seconds`), so dashboards
 built on either path agree.
@@ -10,10 +11,12 @@ built on either path agree.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -22,13 +25,13 @@ from prometheus_client.registry import Collector
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend
 from kvaudit.causes import MISSES
+from kvaudit.present.exporter_counts import LATENCY_BUCKETS_S, ExporterCounts
+
+logger = logging.getLogger(__name__)
 
 # UCUM units as OpenTelemetry's Prometheus translation spells them.
 _UNIT_WORDS: Final = {"By": "bytes", "s": "seconds", "ms": "milliseconds", "1": "ratio"}
 _PER_UNIT_WORDS: Final = {"s": "second", "m": "minute", "h": "hour", "d": "day"}  # after `/`: singular
-# Upper bounds (seconds) of the fetch latency histogram: from a cached chunk on the
-# same host (sub-millisecond) to a remote tier moving a 92 MiB page (seconds).
-LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def prometheus_name(name: str, unit: str, kind: str) -> str:
@@ -97,86 +100,218 @@ REUSE_ACHIEVABLE: Final = _Spec(
     "kvaudit.reuse.achievable", "1", "gauge", "Achievable tokens / prompt tokens: the hit rate the fleet could have had"
 )
 
-_BUCKET_COLUMNS: Final = ", ".join(f"count(*) FILTER (WHERE duration_ms <= {b * 1000})" for b in LATENCY_BUCKETS_S)
-_FETCH_SPANS: Final = f"""
-    SELECT replica, coalesce(sum(tokens_requested), 0), coalesce(sum(tokens_hit), 0), coalesce(sum(bytes), 0),
-           count(*), coalesce(sum(duration_ms), 0) / 1e3, {_BUCKET_COLUMNS}
-    FROM spans WHERE op = 'fetch' AND replica IS NOT NULL GROUP BY replica ORDER BY replica"""
-# The named query `cross_replica_reuse` (a view, see `derived_views`) knows each fetched page's producer.
-_CROSS_REPLICA: Final = """
-    SELECT consumer, producer, sum(tokens) FROM query_cross_replica_reuse WHERE crossed GROUP BY ALL ORDER BY ALL"""
+BEHIND: Final = _Spec("kvaudit.exporter.behind", "By", "gauge", "Bytes of the trace files not read yet (0: caught up)")
+PRODUCERS_FORGOTTEN: Final = _Spec(
+    "kvaudit.exporter.producers_forgotten",
+    "{key}",
+    "counter",
+    "Page keys whose earliest store was forgotten (a bounded map): their fetches count as produced by no one",
+)
+DUPLICATE_SPANS: Final = _Spec(
+    "kvaudit.exporter.duplicate_spans", "{span}", "counter", "Spans read a second time (an OTLP retry) and not counted"
+)
+
 _FINDINGS: Final = "SELECT code, rule, severity, count(*) FROM findings GROUP BY ALL ORDER BY ALL"
-_PAGES: Final = "SELECT replica, op, count(*) FROM pages WHERE op IS NOT NULL GROUP BY ALL ORDER BY ALL"
 # A request whose spans name no tokens requested has no prompt tokens: NULL, counted as none.
 _REUSE_COLUMNS: Final = ("prompt_tokens", "hit_tokens", "achievable_tokens", *(cause.value for cause in MISSES))
 # The named query `reuse_left` (a view, see `derived_views`) per replica over all its time buckets.
 _REUSE_LEFT: Final = f"""
     SELECT replica, {", ".join(f"coalesce(sum({column}), 0)" for column in _REUSE_COLUMNS)}
     FROM query_reuse_left GROUP BY replica ORDER BY replica"""
+# How often the findings and the reuse left are figured again at most (over the whole history:
+# they are not sums of what arrived), and how long the reader rests once caught up.
+ANALYSE_EVERY_S: Final = 60.0
+READ_PAUSE_S: Final = 1.0
+
+
+@dataclass
+class _Analysis:
+    """What the analysis found when last run: rows of `_FINDINGS` and `_REUSE_LEFT`."""
+
+    findings: list[tuple[object, ...]] = field(default_factory=list)
+    reuse: list[tuple[object, ...]] = field(default_factory=list)
 
 
 class TraceMetrics(Collector):
-    """A prometheus_client collector over a backend; each scrape takes in what arrived first.
+    """A prometheus_client collector that serves the last figures; threads of its own make them.
+
+    A reader thread takes in what was appended to the trace files and adds each part's
+    rows to the counters (`ExporterCounts`) as it is read; an analyser thread figures the
+    findings and the reuse left over the whole history, at most every `analyse_every_s`
+    and only when rows arrived. A scrape only copies the last figures: it never waits for
+    a read or a query, and answers from the first moment (`kvaudit_exporter_behind_bytes`
+    says how much is still to read). A backend that reads no files (ClickHouse, an
+    ingested database) has its counters figured by the full queries, by the analyser.
 
     Args:
         backend: the traces (trace files are read as they grow; other backends as they are).
-        skew_s: clock skew allowed between replicas (the audit's findings).
+        skew_s: clock skew allowed between replicas (the audit's findings, cross-replica tokens).
+        analyse_every_s: the least time between two analyses.
+        read_pause_s: how long the reader waits, once caught up, before it looks again.
     """
 
-    def __init__(self, backend: Backend, *, skew_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        skew_s: float = 1.0,
+        analyse_every_s: float = ANALYSE_EVERY_S,
+        read_pause_s: float = READ_PAUSE_S,
+    ) -> None:
         self.backend = backend
         self._skew_s = skew_s
-        # One connection serves every scrape: scrapes take turns.
-        self._lock = threading.Lock()
+        self._analyse_every_s = analyse_every_s
+        self._read_pause_s = read_pause_s
+        self._lock = threading.Lock()  # held only to change or copy the figures
+        self._counts = ExporterCounts(skew_s=skew_s, lock=self._lock)
+        self._analysis: _Analysis | None = None
+        self._behind = backend.behind_bytes()
+        self._reads = 0  # reads done
+        self._arrivals = 0  # reads that added rows, and the first (what the analyser waits for)
+        self._analysed = 0  # the arrivals the last analysis saw
+        self._reading = False
+        self._arrived = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> TraceMetrics:
+        """Start reading and analysing in the background."""
+        for target, name in ((self._read, "kvaudit-exporter-read"), (self._analyse, "kvaudit-exporter-analyse")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop the threads (each ends its current read or query first)."""
+        self._stop.set()
+        with self._arrived:
+            self._arrived.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def caught_up(self) -> bool:
+        """Whether every byte of the files is read and figured, the analysis included (tests wait on it)."""
+        with self._arrived:
+            done = self._reads > 0 and not self._reading and self._analysed == self._arrivals
+        return done and self.backend.behind_bytes() == 0
+
+    def _read(self) -> None:
+        if not self.backend.follows_files:  # nothing to read: the analyser figures the counters
+            self._behind = 0
+            self._arrive(added_rows=True)
+            return
+        while not self._stop.is_set():
+            behind = self._behind
+
+            def progress(n: int) -> None:
+                nonlocal behind
+                behind = max(behind - n, 0)
+                self._behind = behind
+
+            self._reading = True
+            try:
+                added = self.backend.refresh(final=False, added=self._counts.add, progress=progress)
+                added_rows = added is not None and any(t.num_rows for t in added.by_name().values())
+            except Exception:  # the exporter serves on; the next read tries again
+                logger.exception("kvaudit exporter: reading the traces failed")
+                added_rows = False
+            self._behind = self.backend.behind_bytes()
+            self._arrive(added_rows)
+            if not added_rows:
+                self._stop.wait(self._read_pause_s)
+
+    def _arrive(self, added_rows: bool) -> None:
+        """Count a read done, and tell the analyser."""
+        with self._arrived:
+            self._reads += 1
+            self._arrivals += added_rows or self._reads == 1
+            self._reading = False
+            self._arrived.notify_all()
+
+    def _analyse(self) -> None:
+        backend = self.backend.cursor()
+        analysed = 0  # the arrivals the last analysis saw
+        while not self._stop.is_set():
+            with self._arrived:
+                self._arrived.wait_for(lambda seen=analysed: self._stop.is_set() or self._arrivals > seen)
+                if self._stop.is_set():
+                    return
+                seen = self._arrivals
+                analysed = seen if self.backend.follows_files else 0  # elsewhere, at every turn
+            started = time.monotonic()
+            try:
+                self._analyse_once(backend)
+            except Exception:  # the last figures stay served; the next analysis tries again
+                logger.exception("kvaudit exporter: analysing the traces failed")
+            with self._arrived:
+                self._analysed = seen
+                self._arrived.notify_all()
+            self._stop.wait(max(self._analyse_every_s - (time.monotonic() - started), 0))
+
+    def _analyse_once(self, backend: Backend) -> None:
+        prepare(backend, [_REUSE_LEFT], skew_s=self._skew_s)
+        analysis = _Analysis(backend.query(_FINDINGS)[1], backend.query(_REUSE_LEFT)[1])
+        counts = None if self.backend.follows_files else ExporterCounts.of_history(backend, skew_s=self._skew_s)
+        with self._lock:
+            self._analysis = analysis
+            if counts is not None:
+                self._counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            self.backend.refresh(final=False)
-            prepare(self.backend, [_CROSS_REPLICA, _REUSE_LEFT], skew_s=self._skew_s)
-            yield from self._fetch_families()
-            yield self._family(CROSS_TOKENS, ["replica", "producer"], _CROSS_REPLICA)
-            yield self._family(PAGES, ["replica", "op"], _PAGES)
-            yield self._family(READ_ERRORS, [], "SELECT count(*) FROM read_errors")
-            yield self._family(FINDINGS, ["code", "rule", "severity"], _FINDINGS)
-            yield from self._reuse_families()
+        counts = self._counts.snapshot()
+        analysis = self._analysis
+        yield from _fetch_families(counts)
+        yield _labelled(CROSS_TOKENS, ["replica", "producer"], [(*pair, n) for pair, n in counts.cross.items()])
+        yield _labelled(PAGES, ["replica", "op"], [(*pair, n) for pair, n in counts.pages.items()])
+        yield _labelled(READ_ERRORS, [], [(counts.read_errors,)])
+        if analysis is not None:
+            yield _labelled(FINDINGS, ["code", "rule", "severity"], analysis.findings)
+            yield from _reuse_families(analysis.reuse)
+        yield _labelled(BEHIND, [], [(self._behind,)])
+        yield _labelled(PRODUCERS_FORGOTTEN, [], [(counts.producers_forgotten,)])
+        yield _labelled(DUPLICATE_SPANS, [], [(self.backend.repeated_spans(),)])
 
-    def _fetch_families(self) -> Iterator[Metric]:
-        requested = CounterMetricFamily(TOKENS_REQUESTED.prometheus, TOKENS_REQUESTED.help, labels=["replica"])
-        hit = CounterMetricFamily(TOKENS_HIT.prometheus, TOKENS_HIT.help, labels=["replica"])
-        ratio = GaugeMetricFamily(HIT_RATIO.prometheus, HIT_RATIO.help, labels=["replica"])
-        size = CounterMetricFamily(FETCH_SIZE.prometheus, FETCH_SIZE.help, labels=["replica"])
-        duration = HistogramMetricFamily(FETCH_DURATION.prometheus, FETCH_DURATION.help, labels=["replica"])
-        for replica, req, got, nbytes, count, seconds, *buckets in self.backend.query(_FETCH_SPANS)[1]:
-            requested.add_metric([replica], req)
-            hit.add_metric([replica], got)
-            if req:
-                ratio.add_metric([replica], got / req)
-            size.add_metric([replica], nbytes)
-            bounds = [(repr(b), n) for b, n in zip(LATENCY_BUCKETS_S, buckets)] + [("+Inf", count)]
-            duration.add_metric([replica], bounds, seconds)
-        yield from (requested, hit, ratio, size, duration)
 
-    def _reuse_families(self) -> Iterator[Metric]:
-        prompt = CounterMetricFamily(PROMPT_TOKENS.prometheus, PROMPT_TOKENS.help, labels=["replica"])
-        hit = CounterMetricFamily(REUSE_HIT_TOKENS.prometheus, REUSE_HIT_TOKENS.help, labels=["replica"])
-        achievable = CounterMetricFamily(ACHIEVABLE_TOKENS.prometheus, ACHIEVABLE_TOKENS.help, labels=["replica"])
-        missed = CounterMetricFamily(MISSED_TOKENS.prometheus, MISSED_TOKENS.help, labels=["replica", "cause"])
-        hit_ratio = GaugeMetricFamily(REUSE_HIT.prometheus, REUSE_HIT.help, labels=["replica"])
-        achievable_ratio = GaugeMetricFamily(REUSE_ACHIEVABLE.prometheus, REUSE_ACHIEVABLE.help, labels=["replica"])
-        for replica, prompt_tokens, hit_tokens, achievable_tokens, *per_cause in self.backend.query(_REUSE_LEFT)[1]:
-            prompt.add_metric([replica], prompt_tokens)
-            hit.add_metric([replica], hit_tokens)
-            achievable.add_metric([replica], achievable_tokens)
-            for cause, tokens in zip(MISSES, per_cause):
-                missed.add_metric([replica, cause.value], tokens)
-            if prompt_tokens:
-                hit_ratio.add_metric([replica], hit_tokens / prompt_tokens)
-                achievable_ratio.add_metric([replica], achievable_tokens / prompt_tokens)
-        yield from (prompt, hit, achievable, missed, hit_ratio, achievable_ratio)
+def _fetch_families(counts: ExporterCounts) -> Iterator[Metric]:
+    requested = CounterMetricFamily(TOKENS_REQUESTED.prometheus, TOKENS_REQUESTED.help, labels=["replica"])
+    hit = CounterMetricFamily(TOKENS_HIT.prometheus, TOKENS_HIT.help, labels=["replica"])
+    ratio = GaugeMetricFamily(HIT_RATIO.prometheus, HIT_RATIO.help, labels=["replica"])
+    size = CounterMetricFamily(FETCH_SIZE.prometheus, FETCH_SIZE.help, labels=["replica"])
+    duration = HistogramMetricFamily(FETCH_DURATION.prometheus, FETCH_DURATION.help, labels=["replica"])
+    for replica, (req, got, nbytes, count, seconds, *buckets) in sorted(counts.fetches.items()):
+        requested.add_metric([replica], req)
+        hit.add_metric([replica], got)
+        if req:
+            ratio.add_metric([replica], got / req)
+        size.add_metric([replica], nbytes)
+        bounds = [(repr(b), n) for b, n in zip(LATENCY_BUCKETS_S, buckets)] + [("+Inf", count)]
+        duration.add_metric([replica], bounds, seconds)
+    yield from (requested, hit, ratio, size, duration)
 
-    def _family(self, spec: _Spec, labels: list[str], query: str) -> Metric:
-        family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-        family = family_type(spec.prometheus, spec.help, labels=labels)
-        for *values, number in self.backend.query(query)[1]:
-            family.add_metric([str(v) for v in values], number)
-        return family
+
+def _reuse_families(rows: list[tuple[object, ...]]) -> Iterator[Metric]:
+    prompt = CounterMetricFamily(PROMPT_TOKENS.prometheus, PROMPT_TOKENS.help, labels=["replica"])
+    hit = CounterMetricFamily(REUSE_HIT_TOKENS.prometheus, REUSE_HIT_TOKENS.help, labels=["replica"])
+    achievable = CounterMetricFamily(ACHIEVABLE_TOKENS.prometheus, ACHIEVABLE_TOKENS.help, labels=["replica"])
+    missed = CounterMetricFamily(MISSED_TOKENS.prometheus, MISSED_TOKENS.help, labels=["replica", "cause"])
+    hit_ratio = GaugeMetricFamily(REUSE_HIT.prometheus, REUSE_HIT.help, labels=["replica"])
+    achievable_ratio = GaugeMetricFamily(REUSE_ACHIEVABLE.prometheus, REUSE_ACHIEVABLE.help, labels=["replica"])
+    for replica, prompt_tokens, hit_tokens, achievable_tokens, *per_cause in rows:
+        prompt.add_metric([str(replica)], prompt_tokens)  # type: ignore[arg-type]
+        hit.add_metric([str(replica)], hit_tokens)  # type: ignore[arg-type]
+        achievable.add_metric([str(replica)], achievable_tokens)  # type: ignore[arg-type]
+        for cause, tokens in zip(MISSES, per_cause):
+            missed.add_metric([str(replica), cause.value], tokens)  # type: ignore[arg-type]
+        if prompt_tokens:
+            hit_ratio.add_metric([str(replica)], hit_tokens / prompt_tokens)  # type: ignore[operator]
+            achievable_ratio.add_metric([str(replica)], achievable_tokens / prompt_tokens)  # type: ignore[operator]
+    yield from (prompt, hit, achievable, missed, hit_ratio, achievable_ratio)
+
+
+def _labelled(spec: _Spec, labels: list[str], rows: Iterable[tuple[object, ...]]) -> Metric:
+    family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+    family = family_type(spec.prometheus, spec.help, labels=labels)
+    for *values, number in sorted(rows, key=repr):
+        family.add_metric([str(v) for v in values], number)  # type: ignore[arg-type]
+    return family

@@ -211,6 +211,8 @@ def pending_bytes(files: Sequence[str], cursors: Cursors, *, text: bool = False)
         if not stat.S_ISREG(st.st_mode):
             continue  # named when it is read, never opened
         cursor = cursors.files.get((st.st_dev, st.st_ino))
+        if cursor is not None and cursor.not_json and not _changed(cursor, st):
+            continue  # named once, and not read
         if cursor is None or cursor.compression:
             size = st.st_size if cursor is None or _changed(cursor, st) else 0
             compressed = cursor.compression if cursor is not None else text and _compression_of(path)

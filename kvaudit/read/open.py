@@ -76,5 +76,5 @@ def open_parquet(root: str) -> TraceStore:
             con.execute(f"CREATE VIEW {name} AS {query}")
     except duckdb.Error as exc:
         raise InputError(f"{root}: {str(exc).splitlines()[0]}") from None
-    create_views(con)
+    create_views(con, one_per_identity=parquet.may_repeat(root))
     return TraceStore.over(con)

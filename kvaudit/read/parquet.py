@@ -10,7 +10,9 @@ Layout of a dataset root:
 - `pages/` and `spans/`: partitioned by `day` (UTC date of the page or span start) and `replica`;
 - `resources/` and `read_errors/`: a file per ingest (few rows);
 - `files/`: how far each trace file was read, a file per ingest (see `positions`), so an
-  ingest of the same trace files again appends only what is new in them.
+  ingest of the same trace files again appends only what is new in them;
+- `kvaudit-repeats`: present once a span may be in the dataset twice (more spans were
+  ingested than `span_identity` remembers): its views then keep one row per span.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from kvaudit.read.columns import DUCKDB_TYPE, TABLES
 from kvaudit.read.files import Cursors
 
 if TYPE_CHECKING:
+    from kvaudit.read.span_identity import FirstSeen
     from kvaudit.read.store import TraceStore
 
 _NULL_PARTITION: Final = "__HIVE_DEFAULT_PARTITION__"  # how hive partitioning writes NULL
 MARKER: Final = "kvaudit-parquet"  # an empty file naming a local directory as a dataset
+_REPEATS: Final = "kvaudit-repeats"
 # Table -> (its time column for partitioning by day or None, its sort order).
 LAYOUT: Final[dict[str, tuple[str | None, str]]] = {
     "kv_pages": ("time_ns", "replica, key, time_ns"),
@@ -119,6 +123,28 @@ def write_positions(root: str, cursors: Cursors) -> None:
     folder = Path(_folder(root, "files"))
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(positions.table_of(cursors), folder / f"part_{uuid.uuid4()}.parquet")
+
+
+def remember_spans(root: str, identities: FirstSeen) -> None:
+    """Take the spans of the dataset at `root` (if any) as read, so that an ingest adds no span twice."""
+    if not is_dataset(root):
+        return
+    con = duckdb.connect()
+    identities.remember_latest(con, f"({sources(root, con)['kv_spans']})")
+    con.close()
+
+
+def mark_repeats(root: str) -> None:
+    """Note in the dataset at `root` that a span may be in it twice (see `span_identity`)."""
+    (Path(root) / _REPEATS).touch()
+
+
+def may_repeat(root: str) -> bool:
+    """Whether the dataset at `root` may hold a span twice: its views then keep one row per span.
+
+    A remote dataset is taken to.
+    """
+    return "://" in root or (Path(root) / _REPEATS).exists()
 
 
 def sources(root: str, con: duckdb.DuckDBPyConnection) -> dict[str, str]:

@@ -330,7 +330,7 @@ def read_files(
     final: bool = True,
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
-    sink: Callable[[Tables], None] | None = None,
+    sink: Callable[[Tables], Tables] | None = None,
 ) -> Tables:
     """Read what is new in `files` since `cursors` (updated in place).
 
@@ -343,10 +343,10 @@ def read_files(
             file reads run without the GIL, and they are most of a read.
         progress: called with the number of bytes of each piece decoded.
         sink: called with each task's tables, in file order, as soon as they are read
-            (while the next tasks are still decoding).
+            (while the next tasks are still decoding); returns the rows it kept of them.
 
     Returns:
-        All the tables read.
+        All the tables read (those the sink kept, with a sink).
     """
     cursors = Cursors() if cursors is None else cursors
     workers = max(workers or os.cpu_count() or 1, 1)
@@ -359,7 +359,7 @@ def read_files(
         for pieces, (tables, reads) in _in_order(pool, plan(files, cursors, final=final), final, scan, 2 * workers):
             part = _numbered(pieces, tables, reads, cursors)
             if sink:
-                sink(part)
+                part = sink(part)
             _advance(pieces, reads, cursors)  # only once its rows are in: what was read stays read
             parts.append(part)
             if progress:

@@ -29,6 +29,7 @@ from kvaudit.read.columns import DUCKDB_TYPE, TABLES, Tables
 from kvaudit.read.database_tables import DatabaseTables
 from kvaudit.read.files import Cursors, expand_paths, pending_bytes
 from kvaudit.read.reader import read_files
+from kvaudit.read.span_identity import FirstSeen
 
 _VIEWS: Final = {
     "spans": """
@@ -41,6 +42,15 @@ _VIEWS: Final = {
     "pages": "SELECT *, make_timestamp_ns(time_ns) AS time FROM kv_pages",
     "replicas": "SELECT DISTINCT * FROM kv_resources",
     "read_errors": "SELECT * FROM kv_read_errors",
+}
+# Where a repeated span may have been let through (see `span_identity`): the views keep
+# the first row of each (trace id, span id), by file and line, and that row's pages.
+# Rows without ids (absent or empty) have no identity and are all kept.
+_ONE_PER_IDENTITY: Final = {
+    "spans": "QUALIFY coalesce(trace_id, '') = '' OR coalesce(span_id, '') = ''"
+    " OR row_number() OVER (PARTITION BY trace_id, span_id ORDER BY file, line) = 1",
+    "pages": "QUALIFY coalesce(trace_id, '') = '' OR coalesce(span_id, '') = ''"
+    " OR dense_rank() OVER (PARTITION BY trace_id, span_id ORDER BY file, line) = 1",
 }
 
 
@@ -65,6 +75,9 @@ class TraceStore:
     is read on from where it was, never again. Rows read from a file that is later
     removed stay. In a database file, how far each file was read is kept beside the
     rows (`positions`), so a store over the same files reads only what is new.
+
+    A span read again (same trace id and span id) is dropped as it is read
+    (`span_identity`); a database's spans are taken as read when it is opened.
 
     Args:
         paths: trace files, directories and globs (see `files.expand_paths`); new files
@@ -91,11 +104,14 @@ class TraceStore:
         self._workers = workers
         self._kept = database not in (None, ":memory:")  # positions kept in the database
         self.cursors = Cursors()
+        self.identities = FirstSeen()
         if self._kept:
             columns = ", ".join(f'"{f.name}" {DUCKDB_TYPE[f.type]}' for f in positions.SCHEMA)
             con.execute(f"CREATE TABLE IF NOT EXISTS {positions.TABLE} ({columns}, PRIMARY KEY (device, inode))")
             self.cursors = positions.cursors_of(self.arrow(f"SELECT * FROM {positions.TABLE}"))
-        create_views(self.con)
+            self.identities.remember_latest(con, "kv_spans")
+        self._one_per_identity = self.identities.forgot
+        create_views(self.con, one_per_identity=self._one_per_identity)
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
 
     @classmethod
@@ -104,6 +120,7 @@ class TraceStore:
         store = cls.__new__(cls)
         store._connect(con, None)
         store.paths, store._workers, store._kept, store.cursors = [], None, False, Cursors()
+        store.identities, store._one_per_identity = FirstSeen(), True
         return store
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
@@ -140,15 +157,23 @@ class TraceStore:
         other._rows = self._rows if isinstance(self._rows, ArrowTables) else None
         return other
 
-    def refresh(self, *, final: bool = True, progress: Callable[[int], None] | None = None) -> Tables:
+    def refresh(
+        self,
+        *,
+        final: bool = True,
+        progress: Callable[[int], None] | None = None,
+        added: Callable[[Tables], None] | None = None,
+    ) -> Tables:
         """Read what was appended to the files since the last refresh.
 
         Args:
             final: also read an unterminated last line (see `reader.read_files`).
             progress: called with the bytes of each decoded range.
+            added: called with the rows each decoded range added, as soon as they are in
+                the store (a live figure adds them up: `kvaudit exporter`).
 
         Returns:
-            The rows added by this refresh.
+            The rows added by this refresh (a span read before is not among them).
         """
         if not self.paths or self._rows is None:
             return Tables.concat([])
@@ -160,7 +185,7 @@ class TraceStore:
                     final=final,
                     workers=self._workers,
                     progress=progress,
-                    sink=self.append,
+                    sink=self.append if added is None else lambda tables: _told(added, self.append(tables)),
                 )
             finally:
                 if self._kept:  # in the transaction of the rows read: both or neither
@@ -175,15 +200,28 @@ class TraceStore:
         """Bytes in the files not read yet (for progress bars)."""
         return pending_bytes(expand_paths(self.paths, missing_ok=True), self.cursors)
 
-    def append(self, tables: Tables) -> None:
-        """Add rows as a refresh reads them (tests and benchmarks add rows made otherwise).
+    def append(self, tables: Tables) -> Tables:
+        """Add rows as a refresh reads them (tests and benchmarks add rows made otherwise), but
+        those of spans read before (`span_identity`).
+
+        Returns:
+            The rows added.
 
         Raises:
             InternalError: a store over an ingested database or Parquet keeps no rows of its own.
         """
         if self._rows is None:
             raise InternalError("this store reads an ingested database or Parquet: it takes no rows")
+        tables = self.identities.keep(tables)
         self._rows.append(tables.by_name())
+        self._views_for_repeats()
+        return tables
+
+    def _views_for_repeats(self) -> None:
+        """Views that keep one row per span identity, once the store may hold a repeat it forgot."""
+        if self.identities.forgot and not self._one_per_identity:
+            self._one_per_identity = True
+            create_views(self.con, one_per_identity=True)
 
     def sql(self, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation | None:
         """Run a query over the views; returns its relation (None for a statement)."""
@@ -205,7 +243,18 @@ class TraceStore:
         self._con.close()
 
 
-def create_views(con: duckdb.DuckDBPyConnection) -> None:
-    """The views `spans`, `pages`, `replicas`, `read_errors` over the `kv_*` tables of `con`."""
+def _told(added: Callable[[Tables], None], tables: Tables) -> Tables:
+    added(tables)
+    return tables
+
+
+def create_views(con: duckdb.DuckDBPyConnection, *, one_per_identity: bool = True) -> None:
+    """The views `spans`, `pages`, `replicas`, `read_errors` over the `kv_*` tables of `con`.
+
+    Args:
+        one_per_identity: the tables may hold a span twice (see `span_identity`): the
+            views keep one row per span identity. False where every span was read once.
+    """
     for name, body in _VIEWS.items():
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+        qualify = _ONE_PER_IDENTITY.get(name, "") if one_per_identity else ""
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body} {qualify}")

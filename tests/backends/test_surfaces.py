@@ -24,6 +24,7 @@ from kvaudit.commands.arguments import open_backend
 from kvaudit.commands.metrics_server import serve
 
 from ..support.backend_fleet import NOT_IN_CLICKHOUSE, write_fleet
+from ..support.exporter import caught_up
 
 pytestmark = pytest.mark.slow  # every surface on chdb
 
@@ -81,9 +82,9 @@ def _scrape(argv_paths: list[str], url: str | None) -> dict[tuple[str, tuple[tup
     import urllib.request
 
     backend = open_backend(url, argv_paths, live=True)
-    backend.refresh(final=False)
     server, port = serve(backend, "127.0.0.1", 0)
     try:
+        caught_up(server)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as reply:
             return _samples(reply.read().decode())
     finally:

@@ -19,6 +19,7 @@ PRINTS = {
     "audit": "capacity curve,",
     "emission": "µs per page descriptor",
     "explain": "explain one request",
+    "exporter": "scrape, ",
     "install": "kvaudit --help (s)",
     "prevent": "prevent  after",
     "read": "pages view, desc per wall s",

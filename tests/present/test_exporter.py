@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.causes import Cause
@@ -18,30 +16,21 @@ from kvaudit.simulator.engine import GIB, SimConfig, simulate
 from kvaudit.simulator.stats import summarise_by
 
 from ..support import alert_traces
-
-
-def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return samples
+from ..support.exporter import scrape_caught_up
 
 
 def test_scraped_over_http_and_updated_as_files_grow(trace_dir: Path):
     alert_traces.recomputed_prefixes(trace_dir)
-    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0)
+    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0, analyse_every_s=0)
     try:
-        first = _scrape(port)
+        first = scrape_caught_up(server, port)
         assert first["kvaudit_pages_total"] == {
             (("op", "store"), ("replica", "r1")): 24,
             (("op", "store"), ("replica", "r2")): 24,
         }
         assert "kvaudit_fetch_tokens_requested_total" not in first  # no fetches yet
         alert_traces.used_malformed_page(trace_dir)  # r2 now fetches r1's pages, and one bare page
-        metrics = _scrape(port)
+        metrics = scrape_caught_up(server, port)
     finally:
         server.shutdown()
     r2 = (("replica", "r2"),)
@@ -63,7 +52,7 @@ def test_reuse_left_per_replica_is_the_simulators(tmp_path: Path):
     result = simulate(config, tmp_path)
     server, port = serve(DuckDBBackend(TraceStore(result.files)), "127.0.0.1", 0)
     try:
-        metrics = _scrape(port)
+        metrics = scrape_caught_up(server, port)
     finally:
         server.shutdown()
     summaries = {s.group: s for s in summarise_by(result.requests, lambda r: r.replica)}

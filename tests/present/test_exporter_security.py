@@ -16,6 +16,7 @@ from kvaudit.read.store import TraceStore
 from kvaudit.receive.http_security import BearerToken, ServerSecurity, ServerTLS
 
 from ..support import alert_traces
+from ..support.exporter import caught_up
 from ..support.otlp_requests import self_signed_certificate
 
 
@@ -28,6 +29,7 @@ def test_metrics_over_tls_only_with_the_token(trace_dir: Path, tmp_path: Path):
     url = f"https://127.0.0.1:{port}/metrics"
     silent = socket.create_connection(("127.0.0.1", port), timeout=10)  # never shakes hands: holds only itself
     try:
+        caught_up(server)
         request = urllib.request.Request(url, headers={"Authorization": "Bearer s3cret"})
         with urllib.request.urlopen(request, context=trusting, timeout=30) as reply:
             assert reply.status == 200 and b"kvaudit_pages_total" in reply.read()

@@ -18,6 +18,7 @@ from kvaudit.commands.metrics_server import serve
 from kvaudit.emit.line_file import LineFile
 from kvaudit.read.open import open_store
 
+from ..support.exporter import caught_up
 from ..support.hostile import good_lines
 from ..support.live_reads import append, counts, live
 
@@ -49,17 +50,20 @@ def test_the_collectors_rotation_never_counts_a_line_twice(tmp_path: Path, follo
 
 
 def test_the_exporters_counts_are_unchanged_by_a_rotation(tmp_path: Path):
-    """`kvaudit exporter` reads what is new at each scrape: rotation leaves its counters as they were."""
+    """`kvaudit exporter` reads what is new as it arrives: rotation leaves its counters as they were."""
     lines = good_lines(LINES)
     active = tmp_path / "traces.json"
     append(active, lines[:4])
-    server, port = serve(live([tmp_path]), "127.0.0.1", 0)
+    server, port = serve(live([tmp_path]), "127.0.0.1", 0, analyse_every_s=0)
     try:
+        caught_up(server)
         before = _scraped_pages(port)
         active.rename(tmp_path / "traces-2026-12-03T10-00-00.000.json")
         active.write_bytes(b"")
+        caught_up(server)
         after = _scraped_pages(port)
         append(active, lines[4:6])
+        caught_up(server)
         grown = _scraped_pages(port)
     finally:
         server.shutdown()

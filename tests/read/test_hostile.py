@@ -32,6 +32,7 @@ from kvaudit.read import files, reader
 from kvaudit.read.store import TraceStore
 
 from ..support import hostile
+from ..support.exporter import caught_up
 from ..support.hostile import CASES, LINES, good_lines
 
 
@@ -178,13 +179,15 @@ def test_every_command_names_each_hostile_line_and_reads_the_rest(
 
 
 def test_metrics_are_scraped_from_hostile_traces_as_they_grow(corpus: Path, tmp_path: Path):
-    """`kvaudit exporter`: a scrape reads what is new first (`refresh(final=False)`)."""
+    """`kvaudit exporter` reads what is new as it arrives (`refresh(final=False)`)."""
     directory = Path(shutil.copytree(corpus, tmp_path / "traces"))
-    server, port = serve(DuckDBBackend(TraceStore([directory], ":memory:")), "127.0.0.1", 0)
+    server, port = serve(DuckDBBackend(TraceStore([directory], ":memory:")), "127.0.0.1", 0, analyse_every_s=0)
     try:
+        caught_up(server)
         first = _scrape(port)
         (directory / "more").mkdir()
         hostile.CASES[0].write(directory / "more")  # a new file with the unsigned start time
+        caught_up(server)
         second = _scrape(port)
     finally:
         server.shutdown()

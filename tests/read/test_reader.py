@@ -17,6 +17,7 @@ from kvaudit.read.files import expand_paths
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
+from ..support.hostile import with_trace_id
 from ..support.pages import KV, full_page
 
 
@@ -93,7 +94,7 @@ def test_incremental_refresh_reads_only_appended_complete_lines(tmp_path: Path):
     assert added.pages.num_rows == 2 and added.errors.num_rows == 0
     _, rows = store.query("SELECT line FROM pages ORDER BY line")
     assert rows == [(1,), (2,), (3,)]
-    (tmp_path / "growing-2.jsonl").write_bytes(lines[0])
+    (tmp_path / "growing-2.jsonl").write_bytes(with_trace_id(lines[0], "another span"))
     assert store.refresh(final=False).pages.num_rows == 1
 
 

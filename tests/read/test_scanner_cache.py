@@ -18,7 +18,7 @@ from pathlib import Path
 from kvaudit.read import scanner_cache
 from kvaudit.read.reader import SCAN_MIN_BYTES
 
-from ..support.hostile import good_lines
+from ..support.hostile import copies, good_lines
 from ..support.waiting import wait_until
 
 MESSAGE = "kvaudit: compiling the page scanner in the background"
@@ -33,7 +33,7 @@ def test_an_unbuilt_scanner_is_built_in_the_background_while_msgspec_reads(tmp_p
     trace = tmp_path / "traces" / "r1.jsonl"
     trace.parent.mkdir()
     repeat = SCAN_MIN_BYTES // sum(map(len, lines)) + 1  # large enough for the scanner
-    trace.write_bytes(b"".join(lines) * repeat)
+    trace.write_bytes(copies(lines, repeat))
     subprocess.run([sys.executable, "-m", "kvaudit.read.scanner_cache"], check=True, capture_output=True)
     env = {
         **os.environ,

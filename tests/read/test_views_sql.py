@@ -47,6 +47,8 @@ def test_views_sql_equals_the_store(trace_dir: Path, monkeypatch: pytest.MonkeyP
     broken.end()  # a telemetry span reports the error
     fleet.open().close()
     tag_fetches(trace_dir, "workload", {"q2": "chat"})
+    first = (trace_dir / "r1-vllm.jsonl").read_bytes().splitlines(keepends=True)[0]
+    (trace_dir / "r1-vllm-again.jsonl").write_bytes(first)  # its spans on disk twice: read once by both
     with (trace_dir / "r1-vllm.jsonl").open("a") as f:
         f.write('not json\n{"resourceSpans": "nope"}\n{"resourceSpans": [')
 

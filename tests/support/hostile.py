@@ -10,7 +10,9 @@ nested past the depth limit, lines past the length limit, bytes that are not JSO
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +45,18 @@ def _good_lines(count: int) -> tuple[bytes, ...]:
 def good_lines(count: int = LINES) -> list[bytes]:
     """Lines of OTLP JSON as kvaudit writes them: one store span of one page each (request q<n>)."""
     return list(_good_lines(count))
+
+
+def with_trace_id(line: bytes, tag: str) -> bytes:
+    """The line's spans under a trace id of their own (made of `tag`): other spans than the
+    line's, where a span read twice is read once (kvaudit.read.span_identity)."""
+    trace_id = hashlib.md5(tag.encode()).hexdigest().encode()
+    return re.sub(rb'"traceId":"[0-9a-fA-F]+"', b'"traceId":"' + trace_id + b'"', line)
+
+
+def copies(lines: list[bytes], count: int) -> bytes:
+    """`count` copies of the lines, each copy's spans their own (see `with_trace_id`)."""
+    return b"".join(with_trace_id(line, str(copy)) for copy in range(count) for line in lines)
 
 
 def _edited(line: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:
@@ -92,7 +106,7 @@ class Case:
         if self.bad is None:
             path.write_bytes(self.content)
             return path
-        lines = good_lines()
+        lines = [with_trace_id(line, self.name) for line in good_lines()]
         lines[self.at - 1] = self.bad(lines[self.at - 1])
         path.write_bytes(b"".join(lines))
         return path
