@@ -29,6 +29,7 @@ from kvaudit.cli import main
 
 from ..support import alert_traces
 from ..support.servers import HangingServer, RecordingServer, free_port
+from ..support.signals import interruptible
 from ..support.waiting import HANG_S, wait_until
 
 T0 = 1_767_225_600.0
@@ -106,7 +107,9 @@ def test_watch_keeps_its_interval_against_a_hanging_alertmanager(trace_dir: Path
         command = [sys.executable, "-m", "kvaudit", "alerts", "watch", str(trace_dir), "--rules", str(rules)]
         command += ["--interval", "1s", "--timeout", "10s", "--retries", "1", "--notify", f"alertmanager:{hanging.url}"]
         command += ["--state", str(tmp_path / "state.json"), "--metrics", f"127.0.0.1:{port}"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible
+        )
         try:
             critical = ("kvaudit_rule_evaluations_total", (("rule", "Critical"), ("rule_group", "g")))
             wait_until(lambda: _scrape(port).get(critical, 0) >= 5, what="five evaluations scraped")

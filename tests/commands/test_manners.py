@@ -196,7 +196,7 @@ def test_the_report_reads_at_80_columns(upgrade: Path, terminal: Terminal):
     assert any(line.split()[:3] == ["r1", "│", "r2"] and "layout" in line for line in report)  # fields by name
     assert not any('{"' in line for line in report)  # not as JSON folded into a column
     # Column names wrap between their words (`pages stored`), not into letters.
-    assert any({"stored", "stores", "fetched"} <= set(line.split()) for line in report)
+    assert any({"stored", "stores", "pages"} <= set(line.split()) for line in report)
 
 
 def test_the_report_in_full_as_json(upgrade: Path, capsys: pytest.CaptureFixture[str]):

@@ -94,7 +94,7 @@ def test_csv_on_a_terminal_is_escaped():
 
     stream = Terminal()
     write_rows(["replica"], [(HOSTILE_REPLICA,)], "csv", stream)
-    assert stream.getvalue() == f"replica\r\n{SHOWN}\r\n"
+    assert stream.getvalue() == f"replica\n{SHOWN}\n"  # CSV lines end with LF, as every other output
 
 
 def test_the_tui_shows_them_as_text(hostile: Path):

@@ -23,6 +23,7 @@ from kvaudit.present.exporter_metrics import TraceMetrics
 from kvaudit.read.store import TraceStore
 
 from ..support import ROOT
+from ..support.waiting import wait_until
 
 EXAMPLE = ROOT / "examples" / "prometheus"
 RULES = EXAMPLE / "kvaudit.rules.yml"
@@ -49,8 +50,14 @@ def test_promtool_checks_the_rules_and_their_unit_tests_pass():
 def test_every_metric_named_is_one_the_exporter_serves(tmp_path: Path):
     assert main(["simulate", "--out", str(tmp_path), "--duration", "30", "--quiet"]) == 0
     registry = CollectorRegistry()
-    registry.register(TraceMetrics(DuckDBBackend(TraceStore([str(tmp_path / "traces")]))))
-    served = set(re.findall(r"^# TYPE (\w+) (\w+)", generate_latest(registry).decode(), re.M))
+    metrics = TraceMetrics(DuckDBBackend(TraceStore([str(tmp_path / "traces")])), analyse_every_s=0).start()
+    try:
+        wait_until(metrics.caught_up, what="the exporter read and analysed the traces")
+        registry.register(metrics)
+        text = generate_latest(registry).decode()
+    finally:
+        metrics.stop()
+    served = set(re.findall(r"^# TYPE (\w+) (\w+)", text, re.M))
     names = {name for name, _ in served}
     histograms = [name for name, kind in served if kind == "histogram"]
     names |= {f"{name}_{suffix}" for name in histograms for suffix in ("bucket", "count", "sum")}
