@@ -16,11 +16,14 @@ with 141, as the shell reports a command killed by SIGPIPE.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib
 import logging
 import os
 import select
+import struct
 import sys
+import termios
 import traceback
 from collections.abc import Sequence
 
@@ -107,17 +110,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _reader_left() -> bool:
-    """Whether stdout is a pipe whose reader went away.
+    """Whether stdout is a pipe whose reader went away before reading all that was written.
 
     A large write that the reader leaves halfway through returns what it wrote and raises
     nothing (CPython's buffered writer; Rich writes a table in one piece): the pipe itself
-    still says so.
+    still says so. A reader that read everything and then left (`| head -1` of one line)
+    is no closed pipe, as for any program whose writes all succeeded.
     """
     try:
+        descriptor = sys.stdout.fileno()
         poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no descriptor (a test's stream), or no poll()
+        poller.register(descriptor, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        [unread] = struct.unpack("i", fcntl.ioctl(descriptor, termios.FIONREAD, b"\0\0\0\0"))
+        return unread > 0
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's stream), no poll() or FIONREAD
         return False
 
 

@@ -24,7 +24,12 @@ class KvauditApp(App[None]):
     """
 
     TITLE = "kvaudit"
-    BINDINGS: ClassVar = [Binding("q", "quit", "Quit"), Binding("question_mark", "help", "Help")]
+    BINDINGS: ClassVar = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        # What a terminal user presses first to leave (Textual's own ctrl+c copies text).
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
 
     def __init__(
         self, source: LiveSource, *, watching: str, window: Window = DEFAULT_WINDOW, interval_s: float = 1.0

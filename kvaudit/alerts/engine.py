@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
+from urllib.parse import quote, urldefrag
 
 from kvaudit.alerts.bounds import Bounds
 from kvaudit.alerts.evaluate import EvaluationError, Sample, evaluate_rule
@@ -53,6 +54,8 @@ class RuleEngine:
         resolved_retention_s: how long resolved alerts stay tracked.
         skew_s: clock skew the auditor allows between replicas (for `findings`).
         bounds: each rule's time limit and default alert limit (a group's `limit` wins).
+        external_url: the start of each alert's `generatorURL` (`--external-url`), which
+            ends with `#` and the rule's name (empty: the name alone).
     """
 
     def __init__(
@@ -64,8 +67,10 @@ class RuleEngine:
         resolved_retention_s: float = RESOLVED_RETENTION_S,
         skew_s: float = 1.0,
         bounds: Bounds | None = None,
+        external_url: str = "",
     ) -> None:
         self.groups = list(groups)
+        self.external_url = urldefrag(external_url).url
         self.state_path = Path(state_path) if state_path is not None else None
         self.clock = clock
         self.resolved_retention_s = resolved_retention_s
@@ -204,7 +209,8 @@ class RuleEngine:
                     state=AlertState.PENDING,
                     active_since=now,
                     last_seen=now,
-                    generator_url=f"{Path(rule.file).resolve().as_uri()}#L{rule.line}",
+                    # Where a reader goes for more, and which rule: never a path inside the install.
+                    generator_url=f"{self.external_url}#{quote(rule.alert)}",
                 )
                 self._alerts[key] = alert
             alert.value = sample.value

@@ -109,7 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--external-url",
         type=external_url,
         metavar="URL",
-        help="webhooks: the payload's externalURL, where a reader goes for more (a dashboard, the report)",
+        help="webhooks: the payload's externalURL, where a reader goes for more (a dashboard, the report);"
+        " each alert's generatorURL is URL#AlertName",
     )
     watch.add_argument("--timeout", type=duration, default=5.0, help="per HTTP attempt (default 5s)")
     watch.add_argument("--retries", type=int, default=3, help="HTTP retries after the first attempt (default 3)")
@@ -256,7 +257,11 @@ def run_watch(args: argparse.Namespace) -> int:
         for spec in args.notify or ["stdout"]
     ]
     engine = RuleEngine(
-        _groups(args.rules), state_path=args.state or default_state_path(), skew_s=args.skew, bounds=_bounds(args)
+        _groups(args.rules),
+        state_path=args.state or default_state_path(),
+        skew_s=args.skew,
+        bounds=_bounds(args),
+        external_url=args.external_url or "",
     )
     backend = open_backend(args.backend, args.paths, live=True)  # trace files are read as they grow
     dispatcher = Dispatcher(notifiers)

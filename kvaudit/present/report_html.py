@@ -2,8 +2,8 @@
 
 Laid out for the operator who opens it: the headline first (`report.headline`), every
 number with its unit (`kvaudit.present.units`), colour scales from zero, histograms as
-bars, tables that wrap rather than scroll, and a print layout (A4 landscape, charts
-redrawn to the page's width, the plotly mode bar hidden). Every value from the traces is
+bars, tables that wrap between words (never inside one) rather than scroll, and a print
+layout (A4 landscape, charts redrawn to the page's width, the plotly mode bar hidden). Every value from the traces is
 HTML-escaped, and reaches plotly as data, never as markup.
 """
 
@@ -423,9 +423,9 @@ h1 { font-size: 1.6em; margin: 0 0 0.6em; overflow-wrap: anywhere; }
 section { margin-bottom: 2.5em; }
 table { border-collapse: collapse; font-size: 0.85em; max-width: 100%; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }
+         overflow-wrap: break-word; }
 th { background: #f4f6f8; font-weight: 600; }
-td.number { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.number { text-align: right; font-variant-numeric: tabular-nums; }
 td.key { font-family: ui-monospace, monospace; word-break: break-all; min-width: 12ch; }
 .ok { color: #1e8449; }
 summary { cursor: pointer; margin: 1em 0; font-weight: 600; }

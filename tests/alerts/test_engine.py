@@ -73,6 +73,23 @@ def test_pending_then_firing_after_for(tmp_path: Path, store: TraceStore):
     assert engine.firing() == [alert]
 
 
+@pytest.mark.parametrize(
+    ("external_url", "generator_url"),
+    [
+        ("", "#Hot"),
+        ("https://grafana.example/d/kv", "https://grafana.example/d/kv#Hot"),
+        ("https://grafana.example/d/kv#panel-2", "https://grafana.example/d/kv#Hot"),
+    ],
+)
+def test_the_generator_url_is_the_external_url_and_the_rule(
+    tmp_path: Path, store: TraceStore, external_url: str, generator_url: str
+):
+    """Not the rule file's path, which inside an install is a `file://.../site-packages/...` no reader can open."""
+    _holds(store, r1=1)
+    [alert] = _engine(tmp_path, Clock(), external_url=external_url).evaluate(store)
+    assert alert.generator_url == generator_url
+
+
 def test_a_pending_alert_whose_condition_stops_is_forgotten(tmp_path: Path, store: TraceStore):
     clock = Clock()
     engine = _engine(tmp_path, clock)

@@ -2,7 +2,7 @@
 
 Over simulated fault traces (`kvaudit simulate --fault raw-ptr`): the page loads with no
 console error, every chart is drawn with data, the headline says what `kvaudit sql` and
-`kvaudit audit` say over the same traces, no table is cut off, the plotly mode bar stays
+`kvaudit audit` say over the same traces, no table is cut off nor breaks a word, the plotly mode bar stays
 clear of the plots, and the print layout fits an A4 landscape page.
 """
 
@@ -128,6 +128,27 @@ def test_no_table_is_cut_off_and_the_mode_bar_is_clear_of_the_plots(page: Browse
         })"""
     )
     assert overlaps == []
+
+
+# Each word of each table cell (a key, hexadecimal, excepted): where it sits on more than one line.
+_SPLIT_WORDS = """[...document.querySelectorAll('th, td:not(.key)')].flatMap(cell => {
+    const text = cell.firstChild;
+    if (!text || text.nodeType !== Node.TEXT_NODE) return [];
+    return [...text.textContent.matchAll(/\\S+/g)].filter(word => {
+        const range = document.createRange();
+        range.setStart(text, word.index);
+        range.setEnd(text, word.index + word[0].length);
+        return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
+    }).map(word => cell.closest('section').querySelector('h2').textContent + ': ' + word[0]);
+})"""
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_no_table_breaks_a_word_inside_itself(page: Browser, width: int):
+    page.resize(width, 900)
+    page.evaluate("new Promise(done => requestAnimationFrame(() => setTimeout(done, 300)))")
+    assert page.evaluate(_SPLIT_WORDS) == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
 def test_units_scales_and_bars(page: Browser):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,45 @@ def test_a_replicas_lost_requests_are_those_looked_up_in_the_window(tmp_path: Pa
     assert sorted(later, key=lambda r: r.request_id) == sorted(
         (request for request in every if request.lookup_ns >= since), key=lambda r: r.request_id
     )
+
+
+def test_at_80x24_every_key_shows_ctrl_c_quits_and_the_alerts_panel_scrolls(fleet: Fleet, trace_dir: Path):
+    from textual.containers import VerticalScroll
+    from textual.widgets._footer import FooterKey
+
+    from kvaudit.tui.alerting import AlertRow
+    from kvaudit.tui.app import KvauditApp
+    from kvaudit.tui.source import LiveSource
+
+    alerts = tuple(
+        AlertRow(f"KVAuditAlert{i}", "firing", "warning", (("replica", f"r{i}"),), "a summary of a line", 1.0)
+        for i in range(8)
+    )
+
+    async def scenario() -> None:
+        fleet.conversation("r1", "r2", 0)
+        store = TraceStore([trace_dir], workers=1)
+        source = LiveSource(store, auditor=None, alerting=lambda backend, findings: alerts, audit_interval_s=0)
+        app = KvauditApp(source, watching=str(trace_dir), interval_s=0.25)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(lambda: app.main.figures is not None and app.main.figures.alerts == alerts)
+            await pilot.pause()
+            keys = sorted((key.region for key in app.screen.query(FooterKey)), key=lambda region: region.x)
+            assert {key.key_display for key in app.screen.query(FooterKey)} >= {"q", "?", "p", "/", "z", "1-4"}
+            assert all(region.width > 0 and region.right <= 80 for region in keys)  # none cut
+            assert all(a.right <= b.x for a, b in itertools.pairwise(keys))  # none covering another
+
+            panel = app.query_one("#alerts", VerticalScroll)
+            for _ in range(6):
+                if app.focused is panel:
+                    break
+                await pilot.press("tab")
+            assert app.focused is panel
+            assert panel.max_scroll_y > 0  # 8 alerts are more than fit
+            await pilot.press("end")
+            await until(lambda: panel.scroll_y == panel.max_scroll_y)
+
+            await pilot.press("ctrl+c")
+            await until(lambda: not app.is_running)
+
+    asyncio.run(scenario())

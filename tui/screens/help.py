@@ -24,9 +24,9 @@ KEYS: Final = (
     ),
     ("escape", "back"),
     ("1 2 3 4", "window: last minute, 5 minutes, hour, everything (every panel answers for it)"),
-    ("tab", "next panel"),
+    ("tab", "next panel (the alerts too: the arrow keys scroll them)"),
     ("?", "this help"),
-    ("q", "quit"),
+    ("q, ctrl+c", "quit"),
 )
 
 

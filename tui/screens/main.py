@@ -21,7 +21,7 @@ import duckdb
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input
@@ -66,7 +66,8 @@ class MainScreen(Screen[None]):
     # Below 32 lines the screen is short: the middle panels keep a fixed height, the findings the rest.
     VERTICAL_BREAKPOINTS: ClassVar = [(0, "-short"), (32, "-tall")]
     BINDINGS: ClassVar = [
-        Binding("p", "pause", "Pause/resume"),
+        # Descriptions short enough that every key shows in the footer at 80 columns.
+        Binding("p", "pause", "Pause"),
         Binding("slash", "open_filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("z", "zoom", "Zoom"),
@@ -100,14 +101,15 @@ class MainScreen(Screen[None]):
             with Vertical(id="reuse", classes="panel") as panel:
                 panel.border_title = "reuse: tokens used, producer ↓ consumer →"
                 yield ReuseMatrix(id="reuse-matrix").data_bind(MainScreen.figures, MainScreen.view_filter)
-            with Vertical(id="alerts", classes="panel") as panel:
+            # Focusable (tab), so that alerts more than fit scroll with the arrow keys, and `z` zooms them.
+            with VerticalScroll(id="alerts", classes="panel") as panel:
                 panel.border_title = "alerts"
                 yield AlertsPanel().data_bind(MainScreen.figures)
         with Vertical(id="findings", classes="panel") as panel:
             panel.border_title = "findings"
             yield FindingsTable(id="findings-table").data_bind(MainScreen.figures, MainScreen.view_filter)
         yield Input(placeholder="replica:r2 rule:KVA004 key:ab12 …  (enter applies, escape clears)", id="filter")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # its ^p would cover the last keys at 80 columns; it still opens
 
     def on_mount(self) -> None:
         self.query_one(FindingsTable).focus()
@@ -179,7 +181,7 @@ class MainScreen(Screen[None]):
         replicas.border_title = f"replicas · {self.window}"
         replicas.border_subtitle = reading
         self.query_one("#reuse", Vertical).border_subtitle = reading
-        alerts = self.query_one("#alerts", Vertical)
+        alerts = self.query_one("#alerts", VerticalScroll)
         alerts.border_title = f"alerts: {figures.alerts_source}" if figures and figures.alerts_source else "alerts"
         findings = self.query_one("#findings", Vertical)
         note = figures.findings_note if figures is not None else ""
