@@ -4,17 +4,19 @@
 --   share for what a store wrote and an eviction ended (docs/design.md section 7.1). A
 --   store is a backend with a tier; an LMCache store span names all its targets at once,
 --   comma-separated, and its pages carry no tier (one page went to several tiers), while
---   LMCache's evictions and fetches name the tier of their one backend. So each target of
---   a store is a row of its own, and a store or eviction without a tier takes the tier
---   that pages of the same backend name on the same replica: LMCache's capacity eviction
---   from `lmcache.local_cpu` ends the copy its store put there.
+--   LMCache's evictions name the tier of their one backend. So each target of a store is
+--   a row of its own, and a store or eviction without a tier takes the tier that
+--   evictions from the same backend name on the same replica: LMCache's capacity
+--   eviction from `lmcache.local_cpu` ends the copy its store put there.
 -- Parameters: none.
 -- Columns: key, op (store, evict), time_ns, seq (orders events: by time, evictions first
 --   at equal times, a store makes room then writes; a lookup at time T sees every event of
 --   seq <= 2T + 1), replica, request_id, trace_id, span_id, backend (one target; '' for
 --   none), tier ('' for none), holder (the replica whose store it is; '' for the shared
 --   pool, tier `remote`), and the page's descriptor: model, dtype, layout, world_size,
---   rank, hash_algo, layers, kv_heads, head_size, bytes.
+--   rank, hash_algo, layers, kv_heads, head_size, bytes. In no particular order: the
+--   queries that include it filter it by key, which an ORDER BY here would keep from
+--   reaching the pages (a full sort of every store and eviction, for one request).
 WITH targets AS (
     SELECT key, op, time_ns, replica, request_id, trace_id, span_id, tier,
            unnest(string_split(coalesce(backend, ''), ',')) AS backend,
@@ -23,10 +25,10 @@ WITH targets AS (
     WHERE op IN ('store', 'evict')
 ),
 backend_tiers AS (
-    -- The tier each backend's pages name on each replica (a single-target backend names one).
+    -- The tier each backend's evictions name on each replica (an eviction is from one backend).
     SELECT replica, backend, max(tier) AS tier
     FROM pages
-    WHERE tier IS NOT NULL AND backend IS NOT NULL
+    WHERE op = 'evict' AND tier IS NOT NULL AND backend IS NOT NULL
     GROUP BY replica, backend
 )
 SELECT t.key, t.op, t.time_ns, t.time_ns * 2 + CASE WHEN t.op = 'store' THEN 1 ELSE 0 END AS seq,
@@ -36,4 +38,3 @@ SELECT t.key, t.op, t.time_ns, t.time_ns * 2 + CASE WHEN t.op = 'store' THEN 1 E
        t.model, t.dtype, t.layout, t.world_size, t.rank, t.hash_algo, t.layers, t.kv_heads, t.head_size, t.bytes
 FROM targets t
 LEFT JOIN backend_tiers b ON b.replica = t.replica AND b.backend = t.backend
-ORDER BY t.replica, t.backend, t.key, t.time_ns, t.op

@@ -42,8 +42,9 @@ SELECT replica, resource_id,
            + coalesce(max(telemetry_errors), 0) + coalesce(max(telemetry_lost_batches), 0) AS lost,
        coalesce(sum(dropped_events), 0) AS dropped_events
 FROM spans
+WHERE telemetry_dropped_spans > 0 OR telemetry_failed_exports > 0 OR telemetry_errors > 0
+   OR telemetry_lost_batches > 0 OR dropped_events > 0
 GROUP BY replica, resource_id
-HAVING lost > 0 OR dropped_events > 0
 ORDER BY replica, resource_id
 """
 

@@ -10,12 +10,12 @@
 -- descriptors' (vLLM's KV events carry none). The trace window is cut into about 60
 -- intervals of at least one second.
 -- Parameters: none.
--- Columns: replica, backend, tier (as its pages name it), interval_start, pages
+-- Columns: replica, backend, tier (as its evictions name it), interval_start, pages
 --          (held at the interval's end), bytes (idem), stored (pages that became held
 --          in it), evicted (pages evicted in it).
 WITH held AS (
     -- Each store target took the page (queries/store_events.sql: LMCache's stores go to all
-    -- their backends at once, and take the tier their backend's pages name).
+    -- their backends at once, and take the tier their backend's evictions name).
     SELECT replica, backend, key, time_ns, op,
            max(nullif(tier, '')) OVER (PARTITION BY replica, backend) AS tier,
            (op = 'store')::INTEGER AS held,

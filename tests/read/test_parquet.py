@@ -45,7 +45,9 @@ def test_views_and_queries_read_the_same_as_the_json_files(fleet):
         )
         assert rows(from_parquet, f"SELECT * FROM {view}") == rows(from_json, f"SELECT * FROM {view}"), view
     for name in named_queries():
-        assert from_parquet.query(load(name)) == from_json.query(load(name)), name
+        # As sets of rows: a query that other queries include (store_events) has no order of its own.
+        (columns, found), (expected_columns, expected) = from_parquet.query(load(name)), from_json.query(load(name))
+        assert (columns, sorted(found, key=repr)) == (expected_columns, sorted(expected, key=repr)), name
 
 
 def test_partitioned_by_day_and_replica_and_sorted_by_key(fleet):

@@ -87,4 +87,6 @@ def _summary(explanation: Explanation) -> Table:
         if by_cause[cause]:
             missed.append(f"{cause.value} {by_cause[cause]:,}  ", style=cause_style(cause))
     grid.add_row("tokens by cause", missed)
+    for note in explanation.notes:
+        grid.add_row("note", cells.plain(note))
     return grid
