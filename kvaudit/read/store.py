@@ -110,7 +110,7 @@ class TraceStore:
             con.execute(f"CREATE TABLE IF NOT EXISTS {positions.TABLE} ({columns}, PRIMARY KEY (device, inode))")
             self.cursors = positions.cursors_of(self.arrow(f"SELECT * FROM {positions.TABLE}"))
             self.identities.remember_latest(con, "kv_spans")
-        self._one_per_identity = self.identities.forgot
+        self._one_per_identity = self.identities.forgot and (not self._kept or self._holds_repeats())
         create_views(self.con, one_per_identity=self._one_per_identity)
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
 
@@ -190,6 +190,7 @@ class TraceStore:
             finally:
                 if self._kept:  # in the transaction of the rows read: both or neither
                     self._keep_positions()
+                    self._views_for_repeats()
 
     def _keep_positions(self) -> None:
         self._con.register("_positions", positions.table_of(self.cursors))
@@ -214,14 +215,27 @@ class TraceStore:
             raise InternalError("this store reads an ingested database or Parquet: it takes no rows")
         tables = self.identities.keep(tables)
         self._rows.append(tables.by_name())
-        self._views_for_repeats()
+        if not self._kept:  # a database file's are looked at once its refresh ends
+            self._views_for_repeats()
         return tables
 
     def _views_for_repeats(self) -> None:
-        """Views that keep one row per span identity, once the store may hold a repeat it forgot."""
-        if self.identities.forgot and not self._one_per_identity:
+        """Views that keep one row per span identity, once the store may hold a repeat it forgot.
+
+        A database file (`kvaudit ingest`'s) is asked whether it does: its views are kept in
+        it and read many times, and a look at its span ids costs one pass over them, once a
+        refresh, where the window would cost every query.
+        """
+        if self.identities.forgot and not self._one_per_identity and (not self._kept or self._holds_repeats()):
             self._one_per_identity = True
             create_views(self.con, one_per_identity=True)
+
+    def _holds_repeats(self) -> bool:
+        """Whether the tables hold a span identity twice."""
+        [(repeats,)] = self._con.execute(
+            "SELECT count(*) - count(DISTINCT (trace_id, span_id)) FROM kv_spans WHERE trace_id <> '' AND span_id <> ''"
+        ).fetchall()
+        return bool(repeats)
 
     def sql(self, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation | None:
         """Run a query over the views; returns its relation (None for a statement)."""
