@@ -57,7 +57,7 @@ def test_a_repeat_past_what_is_remembered_is_kept_once_by_the_views(
     monkeypatch.setattr(span_identity, "REMEMBERED", 2)
     (tmp_path / "r1.jsonl").write_bytes(b"".join(good_lines(LINES)))
     (tmp_path / "r1-copy.jsonl").write_bytes(b"".join(good_lines(LINES)))
-    for database in (None, str(tmp_path / "traces.duckdb")):
+    for database in (None, ":memory:", str(tmp_path / "traces.duckdb")):
         store = TraceStore([tmp_path / "r1.jsonl", tmp_path / "r1-copy.jsonl"], database)
         store.refresh()
         assert store.identities.forgot
@@ -65,6 +65,12 @@ def test_a_repeat_past_what_is_remembered_is_kept_once_by_the_views(
         _, files = store.query("SELECT DISTINCT file FROM pages")
         assert len(files) == 1  # the pages of one copy of each span: here, of the first file by name
         store.close()
+    # More spans than are remembered, none twice: rows read once and queried after need no window.
+    store = TraceStore([tmp_path / "r1.jsonl"])
+    store.refresh()
+    assert store.identities.forgot
+    _, [(view,)] = store.query("SELECT sql FROM duckdb_views() WHERE view_name = 'pages'")
+    assert "QUALIFY" not in view
 
 
 def test_ingest_takes_the_database_spans_as_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
