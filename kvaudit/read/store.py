@@ -110,7 +110,9 @@ class TraceStore:
             con.execute(f"CREATE TABLE IF NOT EXISTS {positions.TABLE} ({columns}, PRIMARY KEY (device, inode))")
             self.cursors = positions.cursors_of(self.arrow(f"SELECT * FROM {positions.TABLE}"))
             self.identities.remember_latest(con, "kv_spans")
-        self._one_per_identity = self.identities.forgot
+        # A live store in memory cannot look at its span ids at every refresh; the others can, once.
+        self._looks_for_repeats = database != ":memory:"
+        self._one_per_identity = self.identities.forgot and (not self._looks_for_repeats or self._holds_repeats())
         create_views(self.con, one_per_identity=self._one_per_identity)
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
 
@@ -120,7 +122,7 @@ class TraceStore:
         store = cls.__new__(cls)
         store._connect(con, None)
         store.paths, store._workers, store._kept, store.cursors = [], None, False, Cursors()
-        store.identities, store._one_per_identity = FirstSeen(), True
+        store.identities, store._one_per_identity, store._looks_for_repeats = FirstSeen(), True, False
         return store
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
@@ -190,6 +192,8 @@ class TraceStore:
             finally:
                 if self._kept:  # in the transaction of the rows read: both or neither
                     self._keep_positions()
+                if self._looks_for_repeats:
+                    self._views_for_repeats()
 
     def _keep_positions(self) -> None:
         self._con.register("_positions", positions.table_of(self.cursors))
@@ -214,14 +218,32 @@ class TraceStore:
             raise InternalError("this store reads an ingested database or Parquet: it takes no rows")
         tables = self.identities.keep(tables)
         self._rows.append(tables.by_name())
-        self._views_for_repeats()
+        if not self._looks_for_repeats:  # the others look once their refresh ends
+            self._views_for_repeats()
         return tables
 
     def _views_for_repeats(self) -> None:
-        """Views that keep one row per span identity, once the store may hold a repeat it forgot."""
-        if self.identities.forgot and not self._one_per_identity:
+        """Views that keep one row per span identity, once the store may hold a repeat it forgot.
+
+        A database file (`kvaudit ingest`'s) or rows held as Arrow (read once, queried after)
+        are asked whether they do: a look at their span ids costs one pass over them once a
+        refresh ends, where the window would cost every query. A live store in memory, refreshed
+        again and again, takes the window as soon as it forgets.
+        """
+        if (
+            self.identities.forgot
+            and not self._one_per_identity
+            and (not self._looks_for_repeats or self._holds_repeats())
+        ):
             self._one_per_identity = True
             create_views(self.con, one_per_identity=True)
+
+    def _holds_repeats(self) -> bool:
+        """Whether the tables hold a span identity twice."""
+        [(repeats,)] = self.con.execute(
+            "SELECT count(*) - count(DISTINCT (trace_id, span_id)) FROM kv_spans WHERE trace_id <> '' AND span_id <> ''"
+        ).fetchall()
+        return bool(repeats)
 
     def sql(self, query: str, params: dict[str, Any] | None = None) -> duckdb.DuckDBPyRelation | None:
         """Run a query over the views; returns its relation (None for a statement)."""

@@ -57,7 +57,7 @@ def test_a_repeat_past_what_is_remembered_is_kept_once_by_the_views(
     monkeypatch.setattr(span_identity, "REMEMBERED", 2)
     (tmp_path / "r1.jsonl").write_bytes(b"".join(good_lines(LINES)))
     (tmp_path / "r1-copy.jsonl").write_bytes(b"".join(good_lines(LINES)))
-    for database in (None, str(tmp_path / "traces.duckdb")):
+    for database in (None, ":memory:", str(tmp_path / "traces.duckdb")):
         store = TraceStore([tmp_path / "r1.jsonl", tmp_path / "r1-copy.jsonl"], database)
         store.refresh()
         assert store.identities.forgot
@@ -65,6 +65,12 @@ def test_a_repeat_past_what_is_remembered_is_kept_once_by_the_views(
         _, files = store.query("SELECT DISTINCT file FROM pages")
         assert len(files) == 1  # the pages of one copy of each span: here, of the first file by name
         store.close()
+    # More spans than are remembered, none twice: rows read once and queried after need no window.
+    store = TraceStore([tmp_path / "r1.jsonl"])
+    store.refresh()
+    assert store.identities.forgot
+    _, [(view,)] = store.query("SELECT sql FROM duckdb_views() WHERE view_name = 'pages'")
+    assert "QUALIFY" not in view
 
 
 def test_ingest_takes_the_database_spans_as_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,15 +85,27 @@ def test_ingest_takes_the_database_spans_as_read(tmp_path: Path, monkeypatch: py
     _, [(spans, pages)] = store.query("SELECT (SELECT count(*) FROM kv_spans), (SELECT count(*) FROM kv_pages)")
     assert (spans, pages) == (LINES, LINES)
     store.close()
-    # A database with more spans than are remembered: its views keep one row per span.
+    # More spans than are remembered, and none twice: the views need not look.
     monkeypatch.setattr(span_identity, "REMEMBERED", 2)
+    TraceStore([traces], database).close()
+    assert "QUALIFY" not in _pages_view(database)
+    # A file collected again past what is remembered: its repeats are in, and the views keep one row per span.
+    shutil.copy(traces / "r1.jsonl", traces / "r1-collected-a-third-time.jsonl")
     store = TraceStore([traces], database)
-    assert store.identities.forgot
+    again = store.refresh(final=False)
+    assert (again.spans.num_rows, store.identities.forgot) == (LINES, True)  # the oldest were forgotten
     store.close()
+    assert "QUALIFY" in _pages_view(database)
+    store = open_ingested(database)
+    assert _counts(store) == (LINES, LINES, LINES)
+    store.close()
+
+
+def _pages_view(database: str) -> str:
     store = open_ingested(database)
     _, [(view,)] = store.query("SELECT sql FROM duckdb_views() WHERE view_name = 'pages'")
-    assert "QUALIFY" in view
     store.close()
+    return view
 
 
 def test_spans_without_ids_are_all_kept(tmp_path: Path) -> None:
