@@ -35,6 +35,7 @@ from kvaudit.backends.base import (
     Rows,
     one_query,
 )
+from kvaudit.backends.ctrl_c import ctrl_c_interrupts
 from kvaudit.read.columns import Tables
 from kvaudit.read.store import TraceStore, create_views
 
@@ -63,11 +64,11 @@ class DuckDBBackend(Backend):
             store.con.execute(f"CREATE OR REPLACE TEMP MACRO recent(ts, span) AS {RECENT}")
 
     def query(self, sql: str, params: Params | None = None) -> tuple[list[str], Rows]:
-        with self._variables(params), _errors():
+        with self._variables(params), _errors(), ctrl_c_interrupts(self.store.con):
             return self.store.query(sql)
 
     def arrow(self, sql: str, params: Params | None = None) -> pa.Table:
-        with self._variables(params), _errors():
+        with self._variables(params), _errors(), ctrl_c_interrupts(self.store.con):
             # A relation hands its rows to Arrow without the copy a cursor's result makes.
             relation = self.store.sql(sql)
             return relation.to_arrow_table() if relation is not None else pa.table({})
@@ -80,6 +81,7 @@ class DuckDBBackend(Backend):
             with (
                 self._variables(None),
                 _errors(),
+                ctrl_c_interrupts(self.store.con),
                 _rule_limits(self.store.con),
                 _interrupt_after(self.store.con, timeout_s, interrupted),
             ):
@@ -231,8 +233,8 @@ def _errors() -> Iterator[None]:
     except duckdb.Error as exc:
         raise BackendError(str(exc).splitlines()[0], str(exc)) from None
     except RuntimeError as exc:
-        # Ctrl-C while DuckDB runs a query: it stops the query and raises this in place of
-        # KeyboardInterrupt; the command must end as on any other Ctrl-C (exit status 130).
+        # Ctrl-C where DuckDB looks for it (see `ctrl_c` for the rest of a query): it stops the
+        # query and raises this in place of KeyboardInterrupt; the command ends as on any Ctrl-C.
         if str(exc) == "Query interrupted":
             raise KeyboardInterrupt from None
         raise

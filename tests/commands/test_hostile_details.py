@@ -113,18 +113,21 @@ from kvaudit.cli import main
 
 main_thread = threading.main_thread().ident
 
+QUERY = "SELECT count(*) FROM range(1000000000000) a, range(1000) b"
+
 def in_duckdb():
+    # The main thread in TraceStore.query for this query: its frame waits on DuckDB's execute.
     frame = sys._current_frames().get(main_thread)
-    return frame is not None and frame.f_code.co_name == "query" and frame.f_code.co_filename.endswith("store.py")
+    code = frame.f_code if frame is not None else None
+    return code is not None and code.co_name == "query" and frame.f_locals.get("query") == QUERY
 
 def interrupt():
-    # Ctrl-C once the main thread is inside DuckDB's query (its Python frame waits on it).
     while not in_duckdb():
         threading.Event().wait(0.01)
     os.kill(os.getpid(), signal.SIGINT)
 
 threading.Thread(target=interrupt, daemon=True).start()
-sys.exit(main(["sql", sys.argv[1], "SELECT count(*) FROM range(1000000000000) a, range(1000) b"]))
+sys.exit(main(["sql", sys.argv[1], QUERY]))
 """
 
 
