@@ -170,7 +170,11 @@ def test_a_corrupt_compressed_file_keeps_what_came_before_and_is_named(compressi
     path.write_bytes(first + first[:10] + bytes(range(256)) * 4)  # a second member or frame, then garbage
     tables = reader.read_files([str(path)])
     [error] = tables.errors.to_pylist()
-    assert (error["line"], error["reason"].split(":")[:2]) == (0, [compression, f" corrupt {compression} data"])
+    # The garbage reads as a corrupt frame, or as one cut short where its block header (made
+    # of the emitter's random trace ids) announces more bytes than follow: either is named.
+    named = {f" corrupt {compression} data", f" {compression} data ends mid-frame (truncated?)"}
+    assert error["line"] == 0 and error["reason"].split(":")[0] == compression
+    assert error["reason"].split(":")[1] in named
     assert sorted(row["line"] for row in tables.pages.to_pylist()) == [1, 2, 3]
 
 
