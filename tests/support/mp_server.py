@@ -1,0 +1,79 @@
+"""LMCache's multiprocess server for the tests, started by its own CLI (`lmcache server`), with kvaudit's hook.
+
+As RECIPES.md found it runs on a CPU: `--supported-transfer-mode auto` (vLLM's CPU worker
+registers through the engine-driven path, which the default refuses), an LRU L1, metrics
+off (their Prometheus exporter is not installed). Its log goes to `DIR/server.log`; the
+hook writes the pool's spans to `file:DIR/pool.jsonl`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .servers import free_port, wait_listening
+from .waiting import wait_until
+
+POOL = "pool"
+CHUNK_SIZE = 256
+
+
+@dataclass(frozen=True)
+class MPServer:
+    port: int
+    log: Path
+    traces: Path
+
+    def connector_config(self) -> dict[str, object]:
+        """`LMCacheMPConnector`'s entries of `kv_connector_extra_config` for this server."""
+        return {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": self.port}
+
+
+def _lmcache_command() -> list[str]:
+    script = Path(sys.executable).with_name("lmcache")
+    return [str(script)] if script.exists() else [shutil.which("lmcache") or "lmcache"]
+
+
+@contextmanager
+def mp_server(directory: Path, *, hook: bool = True) -> Iterator[MPServer]:
+    """An `lmcache server` on a free port, with kvaudit's hook (`--server-module`), until the block ends.
+
+    Stopped with SIGINT, which it handles by stopping its event bus: the hook's spans are flushed.
+    """
+    from kvaudit.hooks.lmcache.mp_server import SERVER_MODULE_OPTION, server_module_argument
+
+    directory.mkdir(parents=True, exist_ok=True)
+    port, http_port = free_port(), free_port()
+    traces = directory / f"{POOL}.jsonl"
+    command = [
+        *_lmcache_command(),
+        "server",
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--l1-size-gb", "1", "--eviction-policy", "LRU", "--chunk-size", str(CHUNK_SIZE)),
+        *("--supported-transfer-mode", "auto", "--disable-metrics"),
+        *("--http-host", "127.0.0.1", "--http-port", str(http_port)),
+    ]
+    if hook:
+        command += [SERVER_MODULE_OPTION, server_module_argument(POOL, f"file:{traces}")]
+    log = directory / "server.log"
+    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_listening(proc, http_port, "lmcache server")
+        wait_until(lambda: "cache server is running" in log.read_text(), what="lmcache server ready")
+        yield MPServer(port, log, traces)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
