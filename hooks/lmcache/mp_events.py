@@ -22,7 +22,9 @@ that model and world size, dtype, shape and layout. A lookup's pages say `tier=c
 chunks L1 served, none for those an L2 adapter did. Only the lookup names the request
 (vLLM's internal id, `kvaudit.request.engine_id`); L1 and L2 events name none: the vLLM
 hook's blocks name the objects (`source_key`), which is how the layers join (docs/design.md
-section 6.4). An L2 page's tier is `remote` only where the adapter is fleet-shared.
+section 6.4). Nor do they carry token ranges: an object's is its chunk's place in the
+prompt of the lookup that last named its chunk hash (engines look a request up before
+they store or retrieve it). An L2 page's tier is `remote` only where the adapter is fleet-shared.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ L1_BACKEND: Final = "lmcache.mp.l1"
 LOOKUP_BACKEND: Final = "lmcache.mp"
 # Lookups whose prefetch has not ended yet, by request: the oldest dropped past this bound.
 _MAX_OPEN_LOOKUPS: Final = 4096
+# Token ranges of the chunks lookups named, by chunk hash: the most recent kept.
+_MAX_RANGES: Final = 1 << 16
 
 # (model name, world size) -> the registered layout's (dtypes, shapes), or None.
 Layouts = Callable[[str, int], tuple[Sequence[Any], Sequence[Any]] | None]
@@ -113,6 +117,8 @@ class MPServerSubscriber(EventSubscriber):
         # Formats seen, kept past their engines' unregistration (evictions come later).
         self._formats: dict[tuple[str, int], _Format] = {}
         self._lookups: OrderedDict[str, Event] = OrderedDict()
+        # A chunk hash is a prefix hash: its chunk's place in the prompt is the same in every lookup.
+        self._ranges: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()  # the bus has one drain thread; a test may publish from another
 
     def get_subscriptions(self) -> dict[EventType, EventCallback]:
@@ -136,10 +142,17 @@ class MPServerSubscriber(EventSubscriber):
     # ---- lookups ----
 
     def _lookup(self, event: Event) -> None:
+        chunk = event.metadata.get("chunk_size") or self._chunk_size
         with self._lock:
             self._lookups[event.session_id] = event
             while len(self._lookups) > _MAX_OPEN_LOOKUPS:
                 self._lookups.popitem(last=False)
+            if chunk:
+                for index, chunk_hash in enumerate(event.metadata.get("chunk_hashes") or ()):
+                    self._ranges[chunk_hash] = (index * chunk, (index + 1) * chunk)
+                    self._ranges.move_to_end(chunk_hash)
+                while len(self._ranges) > _MAX_RANGES:
+                    self._ranges.popitem(last=False)
 
     def _lookup_end(self, event: Event) -> None:
         with self._lock:
@@ -237,9 +250,13 @@ class MPServerSubscriber(EventSubscriber):
     def _page(self, key: Any, size: int | None, tier: str | None, used: bool | None = None) -> PageDescriptor:
         """A server object (`ObjectKey`) as a page descriptor."""
         world_size, rank = world_size_and_rank(key.kv_rank)
+        with self._lock:
+            token_start, token_end = self._ranges.get(key.chunk_hash, (None, None))
         page = PageDescriptor(
             key=mp_object_key(key.chunk_hash, key.cache_salt),
             hash_algo=self._hash_algo,
+            token_start=token_start,
+            token_end=token_end,
             model=key.model_name,
             world_size=world_size,
             rank=rank,
