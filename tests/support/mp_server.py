@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import ROOT
 from .servers import free_port, wait_listening
 from .waiting import wait_until
 
@@ -28,8 +29,10 @@ CHUNK_SIZE = 256
 @dataclass(frozen=True)
 class MPServer:
     port: int
+    http_port: int
     log: Path
     traces: Path
+    pid: int
 
     def connector_config(self) -> dict[str, object]:
         """`LMCacheMPConnector`'s entries of `kv_connector_extra_config` for this server."""
@@ -42,10 +45,12 @@ def _lmcache_command() -> list[str]:
 
 
 @contextmanager
-def mp_server(directory: Path, *, hook: bool = True) -> Iterator[MPServer]:
+def mp_server(directory: Path, *, hook: bool = True, server_module: str | None = None) -> Iterator[MPServer]:
     """An `lmcache server` on a free port, with kvaudit's hook (`--server-module`), until the block ends.
 
-    Stopped with SIGINT, which it handles by stopping its event bus: the hook's spans are flushed.
+    `server_module`: another `--server-module` value to load instead (a benchmark's timed
+    hook), importable from the repository. Stopped with SIGINT, which it handles by
+    stopping its event bus: the hook's spans are flushed.
     """
     from kvaudit.hooks.lmcache.mp_server import SERVER_MODULE_OPTION, server_module_argument
 
@@ -61,15 +66,16 @@ def mp_server(directory: Path, *, hook: bool = True) -> Iterator[MPServer]:
         *("--http-host", "127.0.0.1", "--http-port", str(http_port)),
     ]
     if hook:
-        command += [SERVER_MODULE_OPTION, server_module_argument(POOL, f"file:{traces}")]
+        command += [SERVER_MODULE_OPTION, server_module or server_module_argument(POOL, f"file:{traces}")]
     log = directory / "server.log"
-    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "PYTHONPATH": path}
     with log.open("w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         wait_listening(proc, http_port, "lmcache server")
         wait_until(lambda: "cache server is running" in log.read_text(), what="lmcache server ready")
-        yield MPServer(port, log, traces)
+        yield MPServer(port, http_port, log, traces, proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
