@@ -16,9 +16,10 @@ with one page per vLLM block, described fully:
   from its own model and parallel rank (an object under any other key is not served);
 - dtype, shape, layout (`contract.MP_LAYOUTS`: `KV_LTD` where vLLM packs K and V on one
   axis, as its CPU cache does; `KV_2LTD` otherwise) and bytes: the format of the objects
-  the server allocated for this worker's registered KV cache; `transfer=copy`, tier
-  `cpu` (the server's L1), object group 0 (`kv_group`; LMCache 0.5.6 keeps one group for
-  a model without sliding-window layers);
+  the server allocated for this worker's registered KV cache; tier `cpu` (the server's
+  L1), object group 0 (`kv_group`; LMCache 0.5.6 keeps one group for a model without
+  sliding-window layers); how the payload moved (`transfer`) on a store, and on a fetch
+  from the producer's stamp (`stamp_dir`), as no MP object or event says it;
 - on a store, the replica's head geometry and fingerprint, as every producer's.
 
 No MP object or event carries the head split: a replica with another split of the same
@@ -89,8 +90,8 @@ class MPFormat:
     """`LMCacheMPConnector`'s metadata as the vLLM layer sees it: one unit per STORE or RETRIEVE."""
 
     backend = BACKEND
-    # Its spans carry vLLM's internal request id: the server knows requests by it.
-    engine_ids = True
+    # How its stores move a block (stamped: no MP object or event says it).
+    stamp_transfer: str = Transfer.COPY.value
 
     def __init__(self, inner: KVConnectorBase_V1, geometry: EngineGeometry) -> None:
         self._inner = inner
@@ -115,12 +116,12 @@ class MPFormat:
             "shape": self.page_shape,
             "layout": self.layout,
             "bytes": geometry.page_bytes,
-            "transfer": Transfer.COPY.value,
             "tier": Tier.CPU.value,
             "kv_group": 0,
         }
         self._store_fields = {
             **self._fetch_fields,
+            "transfer": self.stamp_transfer,
             "layers": kv.layers,
             "kv_heads": kv.kv_heads,
             "head_size": kv.head_size,
@@ -194,6 +195,10 @@ def format_for(inner: KVConnectorBase_V1, geometry: EngineGeometry) -> MPFormat 
     """The format of an `LMCacheMPConnector` inner connector; None for any other."""
     if not wraps_lmcache_mp(type(inner)):
         return None
+    from kvaudit.hooks.vllm.lmcache_mp_fault import RawPointerFaultMPConnector, RawPointerMPFormat
+
+    if isinstance(inner, RawPointerFaultMPConnector):
+        return RawPointerMPFormat(inner, geometry)
     return MPFormat(inner, geometry)
 
 

@@ -282,7 +282,8 @@ class KVAuditWorker(KVAuditRole):
         if self._refused:
             keys = [key for key in keys if key not in self._refused]
         try:
-            write_stamp(self._settings.stamp_dir, keys, self._kv)
+            # A format whose objects do not say how they moved stamps it (LMCache's MP connector).
+            write_stamp(self._settings.stamp_dir, keys, self._kv, getattr(self._format, "stamp_transfer", None))
         except OSError as exc:
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 

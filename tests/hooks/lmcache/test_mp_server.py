@@ -14,6 +14,9 @@ every one with producer stamps in a shared `stamp_dir`:
     split        the same model with another head split of the same width (guard off),
                  after a baseline request whose cache salt keeps it out of every page
     split_guard  the same, guard on
+    fault        the seed's raw-pointer fallback (`RawPointerFaultMPConnector`), another prompt
+    fault_reader reads the fault's pages (guard off)
+    fault_guard  the same, guard on
 
 The model is the tiny Llama with seeded random weights large enough that a misread KV
 cache changes the greedy output (tests/support/tiny_model.py).
@@ -62,6 +65,7 @@ BLOCKS = CACHED // BLOCK
 # The same width (2 KV heads x 32 = 1 x 64) split otherwise: no MP key or event tells.
 SPLIT = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
 BASELINE = {"prompt": PROMPT, "cache_salt": "baseline"}
+FAULT_PROMPT = [(i * 13 + 1) % 1000 + 3 for i in range(600)]
 ENV = {
     "OMP_NUM_THREADS": "2",
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -87,9 +91,16 @@ class MPDeployment:
         return open_store(self.paths(*names))
 
 
-def _spec(base: Path, server: MPServer, name: str, *, guard: bool, split: bool = False) -> dict[str, Any]:
+def _spec(
+    base: Path, server: MPServer, name: str, *, guard: bool, split: bool = False, fault: bool = False
+) -> dict[str, Any]:
+    wrap = (
+        {"wrap": "RawPointerFaultMPConnector", "wrap_module_path": "kvaudit.hooks.vllm.lmcache_mp_fault"}
+        if name == "fault"
+        else {"wrap": "LMCacheMPConnector"}
+    )
     audit = {
-        "wrap": "LMCacheMPConnector",
+        **wrap,
         "replica": name,
         "export": f"file:{base / 'traces' / name}.jsonl",
         "guard": guard,
@@ -98,7 +109,7 @@ def _spec(base: Path, server: MPServer, name: str, *, guard: bool, split: bool =
     return {
         "model": str(base / "model"),
         "hf_overrides": SPLIT if split else None,
-        "requests": [*([BASELINE] if split else []), {"prompt": PROMPT}],
+        "requests": [*([BASELINE] if split else []), {"prompt": FAULT_PROMPT if fault else PROMPT}],
         "kv_transfer": {
             "kv_connector": "KVAuditConnector",
             "kv_role": "kv_both",
@@ -116,14 +127,17 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPDeploymen
     write_random_weights(base / "model", MODEL)
     with mp_server(base / "traces") as server:
         order = [
-            ("producer", True, False),
-            ("consumer", True, False),
-            ("split", False, True),
-            ("split_guard", True, True),
+            ("producer", {"guard": True}),
+            ("consumer", {"guard": True}),
+            ("split", {"guard": False, "split": True}),
+            ("split_guard", {"guard": True, "split": True}),
+            ("fault", {"guard": False, "fault": True}),
+            ("fault_reader", {"guard": False, "fault": True}),
+            ("fault_guard", {"guard": True, "fault": True}),
         ]
         replicas = [
-            Replica(name, SCRIPT, _spec(base, server, name, guard=guard, split=split), after)
-            for (name, guard, split), after in zip(order, [(), *[(previous,) for previous, *_ in order[:-1]]])
+            Replica(name, SCRIPT, _spec(base, server, name, **options), after)
+            for (name, options), after in zip(order, [(), *[(previous,) for previous, _ in order[:-1]]])
         ]
         ran = run_all(replicas, base / "logs", ENV, parallel=1)
     # The server has stopped: its hook flushed the pool's spans.
@@ -247,3 +261,26 @@ def test_another_head_split_guarded_is_a_safe_miss(deployment: MPDeployment) -> 
     assert used == [{"used": False}]
     assert findings and {f.severity for f in findings} == {"warning"}
     assert {"KVA005", "KVA008"} <= {f.code for f in findings}
+
+
+def test_the_raw_pointer_fallback_unguarded_is_critical(deployment: MPDeployment) -> None:
+    assert deployment.replicas["fault_reader"].out["cached"] == CACHED
+    store = deployment.store(POOL, "fault", "fault_reader")
+    try:
+        findings = [f for f in run_audit(store) if f.replica == "fault_reader"]
+    finally:
+        store.close()
+    assert {(f.code, f.severity) for f in findings} >= {("KVA002", "critical")}
+
+
+def test_the_raw_pointer_fallback_guarded_is_a_safe_miss(deployment: MPDeployment) -> None:
+    assert deployment.tokens("fault_guard") == deployment.tokens("fault")
+    store = deployment.store(POOL, "fault", "fault_guard")
+    try:
+        used = _rows(store, "SELECT DISTINCT used FROM pages WHERE op = 'fetch' AND replica = 'fault_guard'")
+        findings = [f for f in run_audit(store) if f.replica == "fault_guard"]
+    finally:
+        store.close()
+    assert used == [{"used": False}]
+    assert findings and {f.severity for f in findings} == {"warning"}
+    assert "KVA002" in {f.code for f in findings}
