@@ -8,22 +8,36 @@ hook writes the pool's spans to `file:DIR/pool.jsonl`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import ROOT
+from .replica_processes import Replica, run_all
 from .servers import free_port, wait_listening
+from .tiny_model import tiny_llama, write_random_weights
 from .waiting import wait_until
 
 POOL = "pool"
 CHUNK_SIZE = 256
+# The replica script the MP tests run (one vLLM replica, its requests one after the other).
+REPLICA_SCRIPT = Path(__file__).resolve().parent / "vllm" / "topology_replica.py"
+# The same width (2 KV heads x 32 = 1 x 64) split otherwise: no MP key or event tells.
+SPLIT = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
+REPLICA_ENV = {
+    "OMP_NUM_THREADS": "2",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "LMCACHE_TRACK_USAGE": "false",
+}
 
 
 @dataclass(frozen=True)
@@ -83,3 +97,19 @@ def mp_server(directory: Path, *, hook: bool = True, server_module: str | None =
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def replicas_in_turn(base: Path, specs: list[tuple[str, Callable[[MPServer], dict[str, Any]]]]) -> dict[str, Replica]:
+    """The tiny model (seeded random weights) in `base`/model, one server, and the replicas
+    `(name, spec of the server)` run one after the other around it, by name; the pool's
+    spans and the replicas' go to `base`/traces (the server has stopped when this returns)."""
+    (base / "model").mkdir()
+    model = tiny_llama("bfloat16")
+    (base / "model" / "config.json").write_text(json.dumps(model))
+    write_random_weights(base / "model", model)
+    with mp_server(base / "traces") as server:
+        after = [(), *[(name,) for name, _ in specs[:-1]]]
+        replicas = [
+            Replica(name, REPLICA_SCRIPT, spec(server), previous) for (name, spec), previous in zip(specs, after)
+        ]
+        return run_all(replicas, base / "logs", REPLICA_ENV, parallel=1)

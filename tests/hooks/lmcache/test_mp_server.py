@@ -24,10 +24,9 @@ cache changes the greedy output (tests/support/tiny_model.py).
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -40,44 +39,23 @@ from kvaudit.contract import Hook, SpanAttr
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
-from ...support import SUPPORT
-from ...support.mp_server import CHUNK_SIZE, POOL, MPServer, mp_server
-from ...support.replica_processes import Replica, run_all
-from ...support.tiny_model import tiny_llama, write_random_weights
+from ...support.mp_marks import MP_TEST_MARKS
+from ...support.mp_server import CHUNK_SIZE, POOL, SPLIT, MPServer, replicas_in_turn
+from ...support.replica_processes import Replica
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        find_spec("vllm") is None or find_spec("lmcache") is None,
-        reason="vllm and lmcache are installed by scripts/install-vllm.sh and scripts/install-lmcache.sh",
-    ),
-    # The first test waits for the module's four replicas, one after the other.
-    pytest.mark.timeout(3600),
-    pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning"),
-]
+pytestmark = MP_TEST_MARKS
 
-SCRIPT = SUPPORT / "vllm" / "topology_replica.py"
-MODEL = tiny_llama("bfloat16")
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(600)]
 BLOCK = 32
 CACHED = len(PROMPT) // CHUNK_SIZE * CHUNK_SIZE  # the server stores and serves whole chunks: 512 tokens
 BLOCKS = CACHED // BLOCK
-# The same width (2 KV heads x 32 = 1 x 64) split otherwise: no MP key or event tells.
-SPLIT = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
 BASELINE = {"prompt": PROMPT, "cache_salt": "baseline"}
 FAULT_PROMPT = [(i * 13 + 1) % 1000 + 3 for i in range(600)]
-ENV = {
-    "OMP_NUM_THREADS": "2",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_TARGET_DEVICE": "cpu",
-    "LMCACHE_TRACK_USAGE": "false",
-}
 
 
 @dataclass
 class MPDeployment:
     base: Path
-    server: MPServer
     replicas: dict[str, Replica]
 
     def tokens(self, name: str, request: int = 0) -> list[int]:
@@ -92,7 +70,7 @@ class MPDeployment:
 
 
 def _spec(
-    base: Path, server: MPServer, name: str, *, guard: bool, split: bool = False, fault: bool = False
+    base: Path, server: MPServer, *, name: str, guard: bool, split: bool = False, fault: bool = False
 ) -> dict[str, Any]:
     wrap = (
         {"wrap": "RawPointerFaultMPConnector", "wrap_module_path": "kvaudit.hooks.vllm.lmcache_mp_fault"}
@@ -122,26 +100,21 @@ def _spec(
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPDeployment]:
     base = tmp_path_factory.mktemp("mp")
-    (base / "model").mkdir()
-    (base / "model" / "config.json").write_text(json.dumps(MODEL))
-    write_random_weights(base / "model", MODEL)
-    with mp_server(base / "traces") as server:
-        order = [
-            ("producer", {"guard": True}),
-            ("consumer", {"guard": True}),
-            ("split", {"guard": False, "split": True}),
-            ("split_guard", {"guard": True, "split": True}),
-            ("fault", {"guard": False, "fault": True}),
-            ("fault_reader", {"guard": False, "fault": True}),
-            ("fault_guard", {"guard": True, "fault": True}),
-        ]
-        replicas = [
-            Replica(name, SCRIPT, _spec(base, server, name, **options), after)
-            for (name, options), after in zip(order, [(), *[(previous,) for previous, _ in order[:-1]]])
-        ]
-        ran = run_all(replicas, base / "logs", ENV, parallel=1)
+    order = [
+        ("producer", {"guard": True}),
+        ("consumer", {"guard": True}),
+        ("split", {"guard": False, "split": True}),
+        ("split_guard", {"guard": True, "split": True}),
+        ("fault", {"guard": False, "fault": True}),
+        ("fault_reader", {"guard": False, "fault": True}),
+        ("fault_guard", {"guard": True, "fault": True}),
+    ]
+    ran = replicas_in_turn(
+        base,
+        [(name, functools.partial(_spec, base, name=name, **options)) for name, options in order],
+    )
     # The server has stopped: its hook flushed the pool's spans.
-    yield MPDeployment(base, server, ran)
+    yield MPDeployment(base, ran)
 
 
 def _rows(store: TraceStore, query: str, **params: Any) -> list[dict[str, Any]]:

