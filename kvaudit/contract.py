@@ -46,6 +46,9 @@ class Hook(StrEnum):
     VLLM_CONNECTOR = "vllm.connector"
     LMCACHE_ENGINE = "lmcache.engine"
     LMCACHE_BACKEND = "lmcache.backend"
+    # LMCache's multiprocess server (`lmcache server`), seen from its event bus: the pool's own
+    # operations, which no vLLM span is the parent of (docs/design.md section 6.4).
+    LMCACHE_MP_SERVER = "lmcache.mp_server"
     # vLLM's own KV cache events (ZMQ `KVEventBatch`), turned into spans by `kvaudit collect`.
     VLLM_KV_EVENTS = "vllm.kv_events"
     SIMULATOR = "kvaudit.simulator"
@@ -120,6 +123,10 @@ class SpanAttr:
 
     OP: Final = "kvaudit.op"
     REQUEST_ID: Final = "kvaudit.request.id"
+    # vLLM's internal request id (the client's id with vLLM's random suffix): what LMCache's
+    # multiprocess server sees as the request, so the two layers join on it in SQL. Read from
+    # the spans view's `attributes` map.
+    ENGINE_REQUEST_ID: Final = "kvaudit.request.engine_id"
     HOOK: Final = "kvaudit.hook"
     BACKEND: Final = "kvaudit.backend"
     TOKENS_REQUESTED: Final = "kvaudit.tokens.requested"
@@ -179,6 +186,8 @@ class PageAttr:
     SOURCE_KEY: Final = "kvaudit.page.source_key"
     # The geometry fingerprint of the replica that computed the page (KVA008).
     GEOMETRY: Final = "kvaudit.page.geometry"
+    # The KV cache group (LMCache's object group in multiprocess mode) the page belongs to.
+    KV_GROUP: Final = "kvaudit.page.kv_group"
 
 
 class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -209,6 +218,7 @@ class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     tier: str | None = None
     source_key: str | None = None
     geometry: str | None = None
+    kv_group: int | None = None
 
     def to_attributes(self) -> dict[str, Any]:
         """The present fields as OpenTelemetry attributes."""
@@ -338,6 +348,33 @@ _GEOMETRY_RECIPE: Final = "kvaudit-geometry/1"
 # configured with `lmcache.tag.kvaudit_geometry=<fingerprint>` as `...@kvaudit_geometry%<fingerprint>`
 # (queries/prevented.sql reads the tag so spelled out of the keys).
 GEOMETRY_TAG: Final = "kvaudit_geometry"
+
+
+# How a prevented request's LMCache multiprocess keys carry the fingerprint: appended to the
+# request's cache salt (the only free-form part of an MP `ObjectKey`), after the client's own.
+GEOMETRY_SALT_SEPARATOR: Final = "+"
+
+
+def geometry_salt(client_salt: str | None, fingerprint: str) -> str:
+    """The cache salt of a prevented request: the client's salt, then `kvaudit_geometry%<fingerprint>`."""
+    tag = f"{GEOMETRY_TAG}%{fingerprint}"
+    return f"{client_salt}{GEOMETRY_SALT_SEPARATOR}{tag}" if client_salt else tag
+
+
+# The memory layouts of LMCache multiprocess objects, by the number of axes of the shape the
+# engines register (LMCache's names): `KV_2LTD` is [K/V, layers, tokens, heads x head size];
+# `KV_LTD` is [layers, tokens, width], the engine-driven registration of a cache that packs
+# K and V on one axis (vLLM's CPU cache: width = heads x 2 x head size). Neither tells the
+# head split apart from the width.
+MP_LAYOUTS: Final = {4: "KV_2LTD", 3: "KV_LTD"}
+
+
+def mp_object_key(chunk_hash: bytes, cache_salt: str = "") -> str:
+    """The page key of an object of LMCache's multiprocess server: its chunk hash in hex, then
+    `@` and the cache salt where it has one. Made by both layers: the server hook's pages carry
+    it as their key, and the vLLM hook's blocks name it as their `source_key`. Model, rank and
+    object group are fields of the page of their own."""
+    return f"{chunk_hash.hex()}@{cache_salt}" if cache_salt else chunk_hash.hex()
 
 
 def geometry_fingerprint(kv: KVConfig, format_version: str | None = None) -> str:

@@ -7,7 +7,10 @@
 --           page was no hit); a page whose producer is not in the traces has producer NULL.
 --           A page that names the page of a layer below that served it (`source_key`: a
 --           vLLM block loaded through LMCache) is that page's transfer: each transfer
---           counts once, as the layer below's page, which carries its bytes.
+--           counts once, as the layer below's page, which carries its bytes. In LMCache's
+--           multiprocess mode the layer below is the server, whose pages are the pool's and
+--           name no consumer: there each transfer counts once as the consumer's vLLM block
+--           (backend `vllm.LMCacheMPConnector`), and the server's pages not at all.
 -- Parameters: kvaudit_skew_s (DOUBLE, default 1.0): allowed clock skew in seconds.
 --             kvaudit_class_attr (VARCHAR, default unset): a further span attribute
 --             (e.g. workload) whose value splits the matrix by request class; unset, all
@@ -29,7 +32,8 @@ fetched AS (
                 THEN f.producer END AS producer
     FROM pages p
     LEFT JOIN first_store f ON f.key = p.key
-    WHERE p.op = 'fetch' AND (p.used IS NULL OR p.used) AND p.source_key IS NULL
+    WHERE p.op = 'fetch' AND (p.used IS NULL OR p.used) AND p.hook <> 'lmcache.mp_server'
+      AND (p.source_key IS NULL OR p.backend = 'vllm.LMCacheMPConnector')
 ),
 classes AS (
     SELECT trace_id, span_id, attributes[getvariable('kvaudit_class_attr')] AS request_class

@@ -2,7 +2,8 @@
 --
 -- Question: how much reuse did prevention forgo (docs/design.md section 4.5)? A prevented
 --           key carries its replica's geometry fingerprint as its tag
---           (`...@kvaudit_geometry%<fingerprint>`), so replicas of other geometries make
+--           (`...@kvaudit_geometry%<fingerprint>`; in multiprocess mode the cache salt's,
+--           `<chunk hash>@<client salt>+kvaudit_geometry%<fingerprint>`), so replicas of other geometries make
 --           other keys for the same tokens. For each page of tokens, every geometry beyond
 --           the first whose tagged key stored it is a replica that recomputed what the pool
 --           held for another geometry: reuse that was unsafe anyway. Counted from stores
@@ -13,8 +14,8 @@
 SELECT count(*) - count(DISTINCT tokens_key) AS prevented_pages
 FROM (
     -- One row per page of tokens (its key without the tag) and geometry (the tag).
-    SELECT DISTINCT regexp_replace(key, '@kvaudit_geometry%[0-9a-f]+', '') AS tokens_key,
-           regexp_extract(key, '@kvaudit_geometry%([0-9a-f]+)', 1) AS geometry
+    SELECT DISTINCT regexp_replace(key, '[@+]kvaudit_geometry%[0-9a-f]+', '') AS tokens_key,
+           regexp_extract(key, '[@+]kvaudit_geometry%([0-9a-f]+)', 1) AS geometry
     FROM pages
-    WHERE op = 'store' AND contains(key, '@kvaudit_geometry%')
+    WHERE op = 'store' AND contains(key, 'kvaudit_geometry%')
 ) tagged;

@@ -183,6 +183,7 @@ SELECT file, line, resource_id, replica, trace_id, span_id, op, hook, backend, r
        kvaudit_str(a, 'kvaudit.page.tier') AS tier,
        kvaudit_str(a, 'kvaudit.page.source_key') AS source_key,
        kvaudit_str(a, 'kvaudit.page.geometry') AS geometry,
+       kvaudit_int(a, 'kvaudit.page.kv_group') AS kv_group,
        make_timestamp_ns(CAST(coalesce(e ->> '$.timeUnixNano', '0') AS BIGINT)) AS time
 FROM (
     SELECT *, kvaudit_attrs(e -> '$.attributes') AS a

@@ -20,6 +20,12 @@ consumer sharing a store, wrapped in KVAuditConnector, and the same pair unwrapp
   LMCache layer the hook installs in the worker (docs/design.md section 6.4): its
   fetched chunks traced, every fetched vLLM block joined to the chunk that served it,
   and no finding in the audit of both layers (tests/hooks/test_reference_deployment.py on the CPU).
+- LMCacheMPConnector (`--only mp`: one `lmcache server` with kvaudit's hook, started by
+  its CLI as the CPU tests start it, tests/support/mp_server.py; on CUDA LMCache moves
+  the KV cache by its own IPC path): outputs and cache hits as unwrapped, every fetched
+  vLLM block complete and naming a server object the server fetched, the requests
+  joined by vLLM's internal id, no finding in the audit of both layers
+  (tests/hooks/lmcache/test_mp_server.py on the CPU).
 - Since vLLM 0.33, sleep mode: an engine with `enable_sleep_mode` and the wrapper
   starts (vLLM asks the wrapped class whether it supports sleep mode), sleeps, wakes
   (unregister/restore_kv_caches forwarded) and generates what it did before.
@@ -49,8 +55,9 @@ REPLICA = ROOT / "tests" / "support" / "vllm" / "replica.py"
 sys.path.insert(0, str(ROOT))
 
 from kvaudit.analyse.audit import run_audit  # noqa: E402
-from kvaudit.contract import REQUIRED_ON_FETCH, Hook  # noqa: E402
+from kvaudit.contract import REQUIRED_ON_FETCH, Hook, SpanAttr  # noqa: E402
 from kvaudit.read.open import open_store  # noqa: E402
+from tests.support.mp_server import mp_server  # noqa: E402
 from tests.support.servers import free_port  # noqa: E402
 from tests.support.tiny_model import tiny_llama  # noqa: E402  (the CPU tests' model)
 
@@ -264,6 +271,52 @@ def lmcache_connector(checks: Checks, out: Path) -> None:
     checks.check(case, "audit findings (both layers)", [], findings)
 
 
+def lmcache_mp_connector(checks: Checks, out: Path) -> None:
+    case = "LMCacheMPConnector"
+    try:
+        import lmcache  # noqa: F401
+    except Exception as exc:
+        checks.skip(case, f"LMCache does not import here: {exc}")
+        return
+    runs = {}
+    # Each pair its own server: the wrapped consumer's hits must be the wrapped producer's.
+    for pair, wrapped in (("mp-plain", False), ("mp", True)):
+        with mp_server(out / "traces" / pair, hook=wrapped) as server:
+            for name in (f"{pair}1", f"{pair}2"):
+                kv_transfer = transfer("LMCacheMPConnector", server.connector_config(), name if wrapped else None, out)
+                runs[name] = run_replica(name, out, kv_transfer, {"LMCACHE_TRACK_USAGE": "false"})
+    if not all_ran(checks, case, runs):
+        return
+    plain2, mp2 = runs["mp-plain2"], runs["mp2"]
+    checks.check(case, "mp1 output = unwrapped output", runs["mp-plain1"]["tokens"], runs["mp1"]["tokens"])
+    checks.check(case, "mp2 output = unwrapped output", plain2["tokens"], mp2["tokens"])
+    checks.check(case, "mp2 cached tokens (unwrapped: same)", plain2["cached"], mp2["cached"])
+    checks.check(case, "mp2 cached tokens > 0", True, mp2["cached"] > 0)
+    blocks = pages(out, "mp2", "fetch")
+    checks.check(case, "mp2 fetched pages", mp2["cached"] // BLOCK, len(blocks))
+    incomplete = [block["key"] for block in blocks if any(block[name] is None for name in REQUIRED_ON_FETCH)]
+    checks.check(case, "mp2 fetched pages lacking a field", [], incomplete)
+    store = open_store([str(out / "traces"), str(out / "traces" / "mp")])
+    try:
+        _, served = store.query(
+            "SELECT key FROM pages WHERE op = 'fetch' AND hook = $hook", {"hook": "lmcache.mp_server"}
+        )
+        _, joined = store.query(
+            "SELECT count(*) FROM spans v JOIN spans s ON s.request_id = v.attributes[$id] AND s.hook = $server"
+            " WHERE v.replica = 'mp2' AND v.op = 'fetch'",
+            {"id": SpanAttr.ENGINE_REQUEST_ID, "server": Hook.LMCACHE_MP_SERVER.value},
+        )
+        findings = [(f.replica, f.code) for f in run_audit(store)]
+    finally:
+        store.close()
+    objects = {key for (key,) in served}
+    checks.check(
+        case, "mp2 blocks without a server object", [], [b["key"] for b in blocks if b["source_key"] not in objects]
+    )
+    checks.check(case, "mp2 fetch joined to the server's lookup", True, joined[0][0] > 0)
+    checks.check(case, "audit findings (both layers)", [], findings)
+
+
 def sleep_mode(checks: Checks, out: Path) -> None:
     case = "sleep mode"
     if Version(checks.release) < Version("0.33"):
@@ -286,7 +339,7 @@ def sleep_mode(checks: Checks, out: Path) -> None:
         checks.check(case, "output after waking = unwrapped output", plain["tokens"], slept["tokens"])
 
 
-CASES = {"example": example_connector, "lmcache": lmcache_connector, "sleep": sleep_mode}
+CASES = {"example": example_connector, "lmcache": lmcache_connector, "mp": lmcache_mp_connector, "sleep": sleep_mode}
 
 
 def main() -> int:

@@ -21,8 +21,8 @@ fetched object carried, and the auditor judges a block by both (docs/design.md s
 vetted the object, and LMCache reports what it did not load to vLLM, which recomputes it.
 
 `LMCacheMPConnector` keeps its engine in LMCache's multiprocess server, not in the worker:
-kvaudit traces it as any other connector (key, hash algorithm, token range), and the
-server's own hook is `kvaudit.hooks.lmcache.mp_events`.
+its blocks are described by `lmcache_mp_layer`, and the server's own hook is
+`kvaudit.hooks.lmcache.mp_server`.
 """
 
 from __future__ import annotations

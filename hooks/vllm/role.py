@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.setup import setup_emitter
-from kvaudit.hooks.vllm import lmcache_layer
+from kvaudit.hooks.vllm import lmcache_layer, lmcache_mp_layer
 from kvaudit.hooks.vllm.geometry import EngineGeometry, engine_geometry
 from kvaudit.hooks.vllm.inner_formats import InnerFormat, format_for
 from kvaudit.hooks.vllm.settings import AuditSettings
@@ -50,7 +50,9 @@ class KVAuditRole(abc.ABC):
         self._geometry: EngineGeometry = engine_geometry(vllm_config, tp_rank)
         # LMCache's format, where it is the inner connector's (`_layer`): its units join the LMCache hook's.
         self._layer = lmcache_layer.format_for(inner, self._geometry)
-        self._format: InnerFormat = self._layer or format_for(inner, self._geometry)
+        # LMCache's multiprocess connector: its blocks name the server's objects (`_mp`).
+        self._mp = None if self._layer is not None else lmcache_mp_layer.format_for(inner, self._geometry)
+        self._format: InnerFormat = self._layer or self._mp or format_for(inner, self._geometry)
         self._kv = self._geometry.kv_config(self._format.layout)
         self._emitter: Emitter = setup_emitter(
             settings.replica,

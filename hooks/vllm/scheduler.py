@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, SupportsHMA
 
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, Tier
-from kvaudit.hooks.vllm import lmcache_layer
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, SpanAttr, Tier
+from kvaudit.hooks.vllm import lmcache_layer, lmcache_mp_layer
 from kvaudit.hooks.vllm.plans import (
     KVAuditMetadata,
     RequestPlan,
@@ -72,11 +72,23 @@ class KVAuditScheduler(KVAuditRole):
         self._requests: dict[str, Request] = {}
         self._local_tokens: dict[str, int] = {}
         self._loads: dict[str, int] = {}
-        # With `prevent`: the tag every request's LMCache keys carry.
-        self._prevent_tag = self._request_tag(vllm_config) if settings.prevent else None
+        # Block ids of the requests allocated for a load this step: an asynchronous load is
+        # scheduled steps later, so its block table is not in the step's output (`plans`).
+        self._allocated: dict[str, list[int]] = {}
+        # With `prevent`: the tag every request's LMCache keys carry (in-process LMCache), or
+        # the fingerprint its cache salt carries (LMCache's multiprocess connector).
+        self._prevent_tag: dict[str, str] | None = None
+        self._prevent_salt: str | None = None
+        if settings.prevent:
+            if self._mp is not None:
+                self._prevent_salt = self._observed(
+                    lmcache_mp_layer.prevent_salt_fingerprint, vllm_config, self._format.layout
+                )
+            else:
+                self._prevent_tag = self._request_tag(vllm_config)
 
     def calls(self) -> dict[str, Callable[..., Any]]:
-        return {
+        calls = {
             **self._straight(STRAIGHT_SCHEDULER),
             "get_num_new_matched_tokens": self.get_num_new_matched_tokens,
             "update_state_after_alloc": self.update_state_after_alloc,
@@ -84,6 +96,16 @@ class KVAuditScheduler(KVAuditRole):
             "request_finished": self.request_finished,
             "request_finished_all_groups": self.request_finished_all_groups,
         }
+        if self._prevent_salt is not None and "on_new_request" in calls:
+            # LMCache's eager prefetch looks a request up as it arrives: salted first.
+            calls["on_new_request"] = self.on_new_request
+        return calls
+
+    def on_new_request(self, request: Request) -> Any:
+        """With `prevent` around LMCache's multiprocess connector: the salt before its first lookup."""
+        assert self._prevent_salt is not None
+        self._observed(lmcache_mp_layer.salt_request, request, self._prevent_salt)
+        return self._inner.on_new_request(request)
 
     def _request_tag(self, vllm_config: VllmConfig) -> dict[str, str] | None:
         """The geometry tag for `prevent`, or None (said once) where it cannot be had: fail open,
@@ -100,6 +122,8 @@ class KVAuditScheduler(KVAuditRole):
         if self._prevent_tag is not None:
             # Before LMCache reads the request's configuration (lookup, then its tracker).
             self._observed(tag_request, request, self._prevent_tag)
+        elif self._prevent_salt is not None:
+            self._observed(lmcache_mp_layer.salt_request, request, self._prevent_salt)
         sampler = self._sampler
         if sampler is not None and not sampler(request.request_id):
             # A request not recorded (docs/design.md section 3.10): planned only where its pages
@@ -169,6 +193,8 @@ class KVAuditScheduler(KVAuditRole):
             outcome,
             amounts,
             describe,
+            # Where a layer below knows the request by vLLM's internal id (LMCache's MP server).
+            {SpanAttr.ENGINE_REQUEST_ID: request.request_id} if self._mp is not None else None,
         )
 
     def _prompt_pages(self, hashes: list[bytes], local_tokens: int) -> list[PageDescriptor]:
@@ -191,10 +217,15 @@ class KVAuditScheduler(KVAuditRole):
         answer = self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
         if num_external_tokens > 0:
             self._loads[request.request_id] = num_external_tokens
+            if request.request_id in self._requests:
+                block_ids = self._observed(_first_group, blocks)
+                if block_ids is not None:
+                    self._allocated[request.request_id] = block_ids
         return answer
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         inner_meta = self._inner.build_connector_meta(scheduler_output)
+        allocated, self._allocated = self._allocated, {}
         if not self._requests:
             # No request to plan (none looked up and unfinished is recorded, or judged): the
             # step's requests are not walked (a sampled replica's usual step).
@@ -203,6 +234,15 @@ class KVAuditScheduler(KVAuditRole):
         # here: a call fewer at every step).
         plans: list[RequestPlan] = []
         for req_id, block_ids in full_block_tables(scheduler_output):
+            request = self._requests.get(req_id)
+            if request is not None:
+                plans.append(
+                    plan_for(request, block_ids, self._loads.pop(req_id, 0), self._local_tokens.get(req_id, 0))
+                )
+                allocated.pop(req_id, None)
+        # Loads allocated this step whose request the step does not run (asynchronous loads:
+        # the inner connector starts them now, the request runs once they are done).
+        for req_id, block_ids in allocated.items():
             request = self._requests.get(req_id)
             if request is not None:
                 plans.append(
@@ -227,6 +267,12 @@ class KVAuditScheduler(KVAuditRole):
         return self._inner.request_finished_all_groups(request, block_ids)
 
     def _forget(self, req_id: str) -> None:
+        self._allocated.pop(req_id, None)
         self._requests.pop(req_id, None)
         self._local_tokens.pop(req_id, None)
         self._loads.pop(req_id, None)
+
+
+def _first_group(blocks: KVCacheBlocks) -> list[int]:
+    """The block ids of the first KV cache group of an allocation (as `full_block_tables` reads them)."""
+    return list(blocks.get_block_ids()[0])

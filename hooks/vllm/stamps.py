@@ -1,7 +1,8 @@
 """Producer stamps: what a stored page's own object does not carry, recorded beside it.
 
 ExampleConnector's files carry dtype and shape but not the model, the tensor-parallel
-world size and rank, the head geometry or the geometry fingerprint. With `stamp_dir`
+world size and rank, the head geometry or the geometry fingerprint; LMCache's
+multiprocess objects do not say how their payload moved (`transfer`). With `stamp_dir`
 set, the producing replica writes these for every stored unit into a directory the
 replicas share (never into the inner connector's own storage, whose files stay
 byte-identical), one JSON file named after the unit's last page key; a fetch reads the
@@ -18,16 +19,18 @@ from typing import Any, Final
 
 from kvaudit.contract import KVConfig, PageDescriptor
 
-STAMPED_FIELDS: Final = ("model", "world_size", "rank", "layers", "kv_heads", "head_size", "geometry")
+STAMPED_FIELDS: Final = ("model", "world_size", "rank", "layers", "kv_heads", "head_size", "geometry", "transfer")
 
 
-def write_stamp(stamp_dir: str, keys: list[str], kv: KVConfig) -> None:
-    """Record the producer's identity, its `kv`, for the pages with `keys` (atomically: no half files)."""
+def write_stamp(stamp_dir: str, keys: list[str], kv: KVConfig, transfer: str | None = None) -> None:
+    """Record the producer's identity, its `kv`, for the pages with `keys` (atomically: no half files);
+    `transfer`: how its store moved the payload, where the inner connector's objects do not say."""
     if not keys:
         return
     directory = Path(stamp_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = {name: getattr(kv, name) for name in STAMPED_FIELDS}
+    stamp: dict[str, Any] = {name: getattr(kv, name, None) for name in STAMPED_FIELDS}
+    stamp["transfer"] = transfer
     stamp["keys"] = keys
     target = directory / f"{keys[-1]}.json"
     tmp = target.with_name(f".{target.name}.{os.getpid()}")

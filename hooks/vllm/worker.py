@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from itertools import filterfalse
 from operator import attrgetter
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
 
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
+from kvaudit.contract import Hook, Op, Outcome, PageDescriptor, SpanAttr
 from kvaudit.emit.emitter import UNRECORDED, Operation
 from kvaudit.guard import violations
 from kvaudit.hooks.vllm import lmcache_layer
@@ -63,6 +64,8 @@ STRAIGHT_WORKER = (
 # step (a decode step, one that only collects finished requests) the inner connector's own. A
 # rejected block is reported in the step that rejected it, so such a step has none to add.
 STRAIGHT_WHEN_IDLE = ("start_load_kv", "wait_for_save", "get_block_ids_with_load_errors")
+# Refused keys remembered so as not to stamp them (the oldest forgotten past this bound).
+_MAX_REFUSED = 65536
 
 
 def _tp_rank(vllm_config: VllmConfig) -> int:
@@ -89,8 +92,13 @@ class KVAuditWorker(KVAuditRole):
         expose: Callable[[Mapping[str, Callable[..., Any]]], None],
     ) -> None:
         super().__init__(vllm_config, settings, inner, _tp_rank(vllm_config))
-        # What this replica reads a page as: the reference the guard compares fetched pages with.
-        self._expected = PageDescriptor.from_config(self._kv, shape=self._geometry.page_shape)
+        # What this replica reads a page as: the reference the guard compares fetched pages with
+        # (LMCache's multiprocess objects hold a block in their own shape).
+        shape = self._mp.page_shape if self._mp is not None else self._geometry.page_shape
+        self._expected = PageDescriptor.from_config(self._kv, shape=shape)
+        # Keys whose fetched block the guard refused: this replica recomputes and may store them
+        # again, and must not stamp its own geometry over the producer's.
+        self._refused: OrderedDict[str, None] = OrderedDict()
         # This step's units, stores in flight, rejected blocks; the KV caches.
         self._units: list[Unit] = []
         self._stores_open = False  # this step's store spans are started
@@ -204,9 +212,10 @@ class KVAuditWorker(KVAuditRole):
         for index, page in enumerate(pages):
             apply_stamp(page, stamp)
             if first_rejected is None and (
-                # A page a layer below served (LMCache) carries that layer's verdict on it.
+                # A page a layer below in this process served (LMCache's engine) carries that
+                # layer's verdict on it; one LMCache's MP server served is judged here.
                 not page.used
-                if page.source_key is not None
+                if page.source_key is not None and self._mp is None
                 else self._settings.guard and bool(violations(page, self._expected))
             ):
                 first_rejected = index
@@ -215,6 +224,10 @@ class KVAuditWorker(KVAuditRole):
             # vLLM recomputes from the first rejected block on: later pages are not used either.
             page.used = first_rejected is None or index < first_rejected
             if not page.used:
+                if page.key is not None and self._settings.stamp_dir is not None:
+                    self._refused[page.key] = None
+                    if len(self._refused) > _MAX_REFUSED:
+                        self._refused.popitem(last=False)
                 block_index = (page.token_start or 0) // block_size
                 if block_index < len(unit.plan.block_ids):
                     self._load_errors.add(unit.plan.block_ids[block_index])
@@ -266,8 +279,11 @@ class KVAuditWorker(KVAuditRole):
 
     def _stamp(self, keys: list[str]) -> None:
         assert self._settings.stamp_dir is not None
+        if self._refused:
+            keys = [key for key in keys if key not in self._refused]
         try:
-            write_stamp(self._settings.stamp_dir, keys, self._kv)
+            # A format whose objects do not say how they moved stamps it (LMCache's MP connector).
+            write_stamp(self._settings.stamp_dir, keys, self._kv, getattr(self._format, "stamp_transfer", None))
         except OSError as exc:
             logger.warning("kvaudit: cannot write stamp to %s: %s", self._settings.stamp_dir, exc)
 
@@ -286,6 +302,8 @@ class KVAuditWorker(KVAuditRole):
             backend=self._format.backend,
             tokens_requested=unit.num_tokens,
             parent=remote_parent(traced) if traced is not None else None,  # a call fewer for most
+            # Where a layer below knows the request by vLLM's internal id (LMCache's MP server).
+            attributes={SpanAttr.ENGINE_REQUEST_ID: unit.plan.req_id} if self._mp is not None else None,
         )
         if self._layer is not None:
             self._layer.join(unit, operation)

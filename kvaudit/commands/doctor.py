@@ -224,7 +224,25 @@ def lmcache_report(import_hook: bool = False) -> dict[str, Any]:
 
     # Exact releases: one is a PEP 440 specifier (`==0.5.6`); several read "==a or ==b".
     supported = " or ".join(f"=={release}" for release in SUPPORTED_VERSIONS)
-    return _engine("lmcache", supported, refusal, "kvaudit.hooks.lmcache.plugin", import_hook)
+    report = _engine("lmcache", supported, refusal, "kvaudit.hooks.lmcache.plugin", import_hook)
+    report["mp_server"] = mp_server_hook(report)
+    return report
+
+
+def mp_server_hook(engine: dict[str, Any]) -> dict[str, Any]:
+    """The multiprocess server's hook: the `lmcache server` argument that loads it, and whether it would."""
+    from kvaudit.hooks.lmcache.mp_server import SERVER_MODULE_OPTION, server_module_argument
+
+    # LMCache's loader of `--server-module` factories, looked for without importing LMCache:
+    # where it is absent, so is the option.
+    spec = importlib.util.find_spec("lmcache") if engine["installed"] is not None else None
+    origin = spec.origin if spec is not None else None
+    has_option = origin is not None and (Path(origin).parent / "v1/multiprocess/ext_server_module.py").is_file()
+    return {
+        "argument": f"{SERVER_MODULE_OPTION} '{server_module_argument('pool')}'",
+        "hook_loads": bool(engine["hook_loads"] and has_option),
+        "why_not": engine["why_not"] or (None if has_option else f"lmcache has no {SERVER_MODULE_OPTION} option"),
+    }
 
 
 # ---- export ----
@@ -325,7 +343,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"kvaudit {kvaudit['version']} (trace schema {kvaudit['schema']}, Python {kvaudit['python']})"]
     for part, title, lines_of in (
         ("vllm", "vLLM", lambda part: [*_engine_lines("vLLM", part), _plugin_line(part["plugin_entry_point"])]),
-        ("lmcache", "LMCache", lambda part: _engine_lines("LMCache", part)),
+        ("lmcache", "LMCache", lambda part: [*_engine_lines("LMCache", part), *_mp_server_lines(part)]),
         ("export", "export", _export_lines),
         ("page_scanner", "page scanner", _scanner_lines),
     ):
@@ -343,6 +361,14 @@ def _engine_lines(name: str, engine: dict[str, Any]) -> list[str]:
         return [f"{name}: not installed{supports}"]
     loads = "hook loads" if engine["hook_loads"] else f"hook does not load: {engine['why_not']}"
     return [f"{name}: {engine['installed']} installed, hook supports {engine['supported']}: {loads}"]
+
+
+def _mp_server_lines(engine: dict[str, Any]) -> list[str]:
+    hook = engine.get("mp_server")
+    if hook is None or engine["installed"] is None:
+        return []
+    state = "loads" if hook["hook_loads"] else f"does not load: {hook['why_not']}"
+    return [f"  MP server hook: {state}; lmcache server {hook['argument']}"]
 
 
 def _plugin_line(plugin: dict[str, Any]) -> str:

@@ -470,22 +470,24 @@ class Emitter:
         outcome: Outcome | None,
         amounts: tuple[int | None, int | None, int | None, int | None, int | None],
         describe: Callable[[], Iterable[PageDescriptor]] | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> None:
         """Queue an operation that began at `start_ns` and ends now, in one call.
 
         For an operation that begins and ends within one hook call and that no other
         names as its parent. The same span as `operation(...)` followed by
         `add_pages(describe)` and `end(outcome, ...)` (`amounts`: tokens hit, stored and
-        local, pages, bytes, as `end` takes them), in this one call and the queue's: the
+        local, pages, bytes, as `end` takes them; `attributes` as `operation` takes them), in
+        this one call and the queue's: the
         operation, its ids and its context are made on the exporter thread, off the serving
         thread. Arguments are positional: a call by keywords costs more. Never raises.
         """
         try:
             parent = _current_context() if parent is None else parent
-            # `Operation`'s fields, in its order: what the operation is; no attributes, its
+            # `Operation`'s fields, in its order: what the operation is; its attributes, its
             # parent, no `at`, when it started and that it ended now; what it found, no pages.
             what = (self, op, hook, request_id, backend, tokens_requested)
-            when = (None, parent, None, start_ns, time.time_ns(), True)
+            when = (attributes, parent, None, start_ns, time.time_ns(), True)
             self._batcher.submit(_Recorded((*what, *when, outcome, amounts, None, describe)))
         except Exception as exc:
             self._count_error(exc)

@@ -38,7 +38,8 @@ WHERE tui_fetches.key = c.key AND c.stored_ns <= tui_fetches.time_ns + $skew_ns;
 
 -- The new fetches, resolved against the stores known now (this batch's included). A page
 -- that names the page of a layer below that served it (`source_key`) is that page's
--- transfer, counted once as the layer below's (as in `cross_replica_reuse`).
+-- transfer, counted once as the layer below's (as in `cross_replica_reuse`; through LMCache's
+-- multiprocess server, as the consumer's block).
 CREATE OR REPLACE TEMP TABLE tui_batch_fetches AS
 SELECT n.key, n.replica AS consumer, n.time_ns, n.used, n.token_end - n.token_start AS tokens, n.bytes,
        CASE WHEN f.stored_ns <= n.time_ns + $skew_ns THEN f.producer END AS producer
@@ -46,7 +47,8 @@ FROM tui_new_pages n
 LEFT JOIN (
     SELECT * FROM tui_first_store WHERE key IN (SELECT key FROM tui_new_pages WHERE op = 'fetch')
 ) f ON f.key = n.key
-WHERE n.op = 'fetch' AND n.source_key IS NULL;
+WHERE n.op = 'fetch' AND n.hook <> 'lmcache.mp_server'
+  AND (n.source_key IS NULL OR n.backend = 'vllm.LMCacheMPConnector');
 INSERT INTO tui_fetches SELECT * FROM tui_batch_fetches;
 -- Counts by second: moved fetches off their old producer and onto the new one, new fetches on theirs.
 INSERT INTO tui_reuse_ledger

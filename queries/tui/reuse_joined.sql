@@ -20,8 +20,10 @@ fetches AS (
            p.replica AS consumer, p.used, p.token_end - p.token_start AS tokens, p.bytes
     FROM pages p
     LEFT JOIN first_store s ON s.key = p.key
-    -- A page served through a layer below (`source_key`) counts once, as that layer's page.
-    WHERE p.op = 'fetch' AND p.source_key IS NULL
+    -- A page served through a layer below (`source_key`) counts once, as that layer's page;
+    -- through LMCache's multiprocess server, as the consumer's block (as in `cross_replica_reuse`).
+    WHERE p.op = 'fetch' AND p.hook <> 'lmcache.mp_server'
+      AND (p.source_key IS NULL OR p.backend = 'vllm.LMCacheMPConnector')
       AND p.time_ns >= getvariable('kvaudit_since_ns') // 1000000000 * 1000000000
 )
 SELECT producer,

@@ -67,6 +67,13 @@ def test_the_test_environment_with_the_engines_imported() -> None:
         "hook_loads": True,
         "why_not": None,
         "problem": None,
+        "mp_server": {
+            "argument": "--server-module '"
+            + json.dumps({"module_path": "kvaudit.hooks.lmcache.mp_server", "config": {"replica": "pool"}})
+            + "'",
+            "hook_loads": True,
+            "why_not": None,
+        },
     }
     assert (rc, report["problems"]) == (0, [])
 

@@ -31,6 +31,7 @@ PRINTS = {
 # Those that start the real vLLM or LMCache engines.
 ENGINES = {
     "lmcache_hook": "goal: hook's own work",
+    "mp_server": "goal: hook's share of the server's wall time",
     "topology": "the consumer fetched",
     "vllm_hook": "wrapper costs",
 }
