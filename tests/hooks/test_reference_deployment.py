@@ -54,7 +54,6 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -70,22 +69,12 @@ from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import window_named
 
 from ..support import SUPPORT
+from ..support.engine_marks import VLLM_AND_LMCACHE_MARKS
 from ..support.replica_processes import Replica, run_all
 from ..support.servers import free_port, serving
 from ..support.tiny_model import tiny_llama, write_random_weights
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        find_spec("vllm") is None or find_spec("lmcache") is None,
-        reason="vllm and lmcache are installed by scripts/install-vllm.sh and scripts/install-lmcache.sh",
-    ),
-    # The first test waits for the module's eleven replicas: about 5 minutes on an idle
-    # 2-core machine, several times that when other work shares the cores.
-    pytest.mark.timeout(3600),
-    # LMCache sets up OpenTelemetry logging through a handler the SDK deprecates: not ours.
-    pytest.mark.filterwarnings("ignore:.*LoggingHandler.*:DeprecationWarning"),
-]
+pytestmark = VLLM_AND_LMCACHE_MARKS  # the first test waits for the module's eleven replicas
 
 SCRIPT = SUPPORT / "vllm" / "topology_replica.py"
 MODEL = tiny_llama("bfloat16")

@@ -39,11 +39,11 @@ from kvaudit.contract import Hook, SpanAttr
 from kvaudit.read.open import open_store
 from kvaudit.read.store import TraceStore
 
-from ...support.mp_marks import MP_TEST_MARKS
+from ...support.engine_marks import VLLM_AND_LMCACHE_MARKS
 from ...support.mp_server import CHUNK_SIZE, POOL, SPLIT, MPServer, replicas_in_turn
 from ...support.replica_processes import Replica
 
-pytestmark = MP_TEST_MARKS
+pytestmark = VLLM_AND_LMCACHE_MARKS
 
 PROMPT = [(i * 7 + 3) % 1000 + 3 for i in range(600)]
 BLOCK = 32

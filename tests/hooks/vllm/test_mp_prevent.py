@@ -26,11 +26,11 @@ from kvaudit.analyse.named_queries import run_named
 from kvaudit.contract import GEOMETRY_TAG, Hook
 from kvaudit.read.open import open_store
 
-from ...support.mp_marks import MP_TEST_MARKS
+from ...support.engine_marks import VLLM_AND_LMCACHE_MARKS
 from ...support.mp_server import CHUNK_SIZE, SPLIT, MPServer, replicas_in_turn
 from ...support.replica_processes import Replica
 
-pytestmark = MP_TEST_MARKS
+pytestmark = VLLM_AND_LMCACHE_MARKS
 
 PROMPT = [(i * 11 + 5) % 1000 + 3 for i in range(600)]
 CACHED = len(PROMPT) // CHUNK_SIZE * CHUNK_SIZE

@@ -1,4 +1,4 @@
-"""The pytest marks of a test module around LMCache's multiprocess server (kept apart from
+"""The pytest marks of a test module that runs vLLM replicas beside LMCache (kept apart from
 `mp_server`, which scripts/gpu_vllm_check.py imports where pytest may be absent)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from importlib.util import find_spec
 
 import pytest
 
-# What an MP test module is: it starts vLLM and LMCache, waits for replicas run one after the other.
-MP_TEST_MARKS = [
+# What such a module is: it starts vLLM and LMCache, and waits for replicas run one after the other.
+VLLM_AND_LMCACHE_MARKS = [
     pytest.mark.e2e,
     pytest.mark.skipif(
         find_spec("vllm") is None or find_spec("lmcache") is None,
