@@ -15,7 +15,7 @@ deployment takes):
 
 Each process (the EngineCore's scheduler side, the Worker) counts its steps (the worker's
 `bind_connector_metadata` calls, once a step) and writes its totals, with its pid, its
-process CPU time and the time written, to `$KVAUDIT_PROBE_OUT.<role>.json` every
+process CPU time, its kvaudit exporter threads' CPU time and the time written, to `$KVAUDIT_PROBE_OUT.<role>.json` every
 `WRITE_EVERY_S` from a thread of its own: vLLM may end these processes without a
 `shutdown`, and the benchmark reads the totals between its passes.
 """
@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector import (
 )
 
 from bench.bench_vllm_hook import CLOCK, InnerClock
+from bench.common import exporters_cpu
 from kvaudit.hooks.vllm import connector
 
 OUT_ENV = "KVAUDIT_PROBE_OUT"
@@ -62,6 +63,7 @@ class Totals:
                 "outer_s": self.outer_s,
                 "inner_s": sum(clock.seconds for clock in self.clocks) + calls * self._stand_in_s,
                 "process_cpu_s": time.process_time(),
+                "exporters_cpu_s": exporters_cpu(),
                 "written": time.time(),
             }
             with open(f"{path}.tmp", "w") as out:

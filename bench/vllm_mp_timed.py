@@ -9,7 +9,8 @@ is off, so a prompt served again is loaded from the server. The warm-up: W promp
 and then loaded; then the store pass (R fresh prompts, one at a time, one token each) and
 the load pass (the same R prompts again). Prints one line `RESULT {"store": FIGURES,
 "load": FIGURES}`, FIGURES the change of each process's totals over the pass (bench/
-vllm_mp_probe.py), and the tokens the load pass found in the server.
+vllm_mp_probe.py; its exporter threads' up to the export of the pass's spans), and the
+tokens the load pass found in the server.
 
 A separate process because vLLM spawns its EngineCore and Worker processes from it, and
 the replica with kvaudit and the one without must each be a fresh engine.
@@ -27,6 +28,7 @@ from typing import Any
 from tests.support.waiting import wait_until
 
 ROLES = ("worker", "scheduler")
+EXPORT_WAIT_S = 2.0  # kvaudit.emit's export delay is 1 s
 
 
 def _totals(prefix: str, after: float) -> dict[str, dict[str, float]]:
@@ -54,8 +56,9 @@ def _change(before: dict[str, dict[str, float]], after: dict[str, dict[str, floa
         for name in ("steps", "outer_s", "inner_s")
     }
     # The engine's CPU: its processes' (one, where vLLM runs the model in its EngineCore).
-    pids = {after[role]["pid"]: role for role in ROLES}
-    change["engine_cpu_s"] = sum(after[role]["process_cpu_s"] - before[role]["process_cpu_s"] for role in pids.values())
+    roles = {after[role]["pid"]: role for role in ROLES}.values()
+    for name in ("process_cpu_s", "exporters_cpu_s"):
+        change[name] = sum(after[role][name] - before[role][name] for role in roles)
     return change
 
 
@@ -95,9 +98,15 @@ def main(spec: dict[str, Any]) -> None:
     measured = prompts(spec["first"] + spec["warm_ups"], spec["requests"])
     result: dict[str, Any] = {}
     for name in ("store", "load"):
-        before = _totals(spec["probe_out"], time.time())
+        # Read once the spans of what came before are exported (the exporters' delay), so
+        # that the pass's exporter CPU is its own; the engine is idle meanwhile.
+        before = _totals(spec["probe_out"], time.time() + EXPORT_WAIT_S)
         cached = serve(measured)
-        result[name] = {**_change(before, _totals(spec["probe_out"], time.time())), "cached_tokens": cached}
+        ended = time.time()
+        result[name] = _change(before, _totals(spec["probe_out"], ended))
+        exported = _totals(spec["probe_out"], ended + EXPORT_WAIT_S)
+        result[name]["exporters_cpu_s"] = _change(before, exported)["exporters_cpu_s"]
+        result[name]["cached_tokens"] = cached
     # One write, newline included: an engine process writing to the same stdout could land between.
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")
     sys.stdout.flush()
