@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,6 +62,27 @@ def page(index: int, *, used: bool | None = True) -> PageDescriptor:
         transfer="copy",
         tier=Tier.REMOTE.value,
     )
+
+
+def exporter_threads() -> list[threading.Thread]:
+    """This process's kvaudit exporter threads (one per emitter), which build, encode and write
+    the spans off the serving thread."""
+    return [thread for thread in threading.enumerate() if thread.name == "kvaudit-exporter"]
+
+
+# The last CPU seconds read of each exporter thread: a thread that has ended (its emitter
+# shut down with the engine) keeps what it took.
+_EXPORTERS: dict[int, float] = {}
+
+
+def exporters_cpu() -> float:
+    """CPU seconds this process's exporter threads have taken so far, each read from its own clock."""
+    for thread in exporter_threads():
+        try:
+            _EXPORTERS[thread.ident or 0] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident or 0))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sum(_EXPORTERS.values())
 
 
 def best_of(repeats: int, run: Callable[[], None]) -> float:

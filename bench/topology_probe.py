@@ -96,6 +96,7 @@ from typing import Any
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
 from bench.bench_topology import WARMED_UP
+from bench.common import exporter_threads, exporters_cpu
 from kvaudit.emit.span_batcher import SpanBatcher
 from kvaudit.hooks.lmcache import fetch
 from kvaudit.hooks.lmcache.plugin import KvauditStorePlugin
@@ -409,35 +410,16 @@ def _warmed_up(first: dict[str, float], first_calls: dict[str, int], write: Call
     """The warm-up is over: its spans exported, the totals so far kept as its own (`first`,
     `first_calls`), and from now on the totals written every quarter second (`write`)."""
     _flush_exporters()
-    SECONDS["exporters"] = _exporters_cpu()
+    SECONDS["exporters"] = exporters_cpu()
     CALLS["allocations"] = _allocations()
     first.update(SECONDS)
     first_calls.update(CALLS)
     threading.Thread(target=_sample_exporters, args=(write,), name="kvaudit-probe", daemon=True).start()
 
 
-def _exporter_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name == "kvaudit-exporter"]
-
-
-# The last CPU seconds read of each exporter thread: a thread that has ended (its emitter
-# shut down with the engine) keeps what it took.
-_EXPORTERS: dict[int, float] = {}
-
-
-def _exporters_cpu() -> float:
-    """CPU seconds the process's exporter threads have taken so far."""
-    for thread in _exporter_threads():
-        try:
-            _EXPORTERS[thread.ident or 0] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident or 0))
-        except OSError:  # the thread ended meanwhile
-            continue
-    return sum(_EXPORTERS.values())
-
-
 def _flush_exporters() -> None:
     """Export what every emitter of the process has queued (each exporter thread runs its batcher's loop)."""
-    for thread in _exporter_threads():
+    for thread in exporter_threads():
         batcher = getattr(getattr(thread, "_target", None), "__self__", None)
         if isinstance(batcher, SpanBatcher):
             batcher.flush()
@@ -446,7 +428,7 @@ def _flush_exporters() -> None:
 def _sample_exporters(write: Callable[[], None]) -> None:
     while True:
         time.sleep(0.25)
-        SECONDS["exporters"] = _exporters_cpu()
+        SECONDS["exporters"] = exporters_cpu()
         write()
 
 

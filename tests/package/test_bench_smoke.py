@@ -34,6 +34,7 @@ ENGINES = {
     "mp_server": "goal: hook's share of the server's wall time",
     "topology": "the consumer fetched",
     "vllm_hook": "wrapper costs",
+    "vllm_mp": "goal: the wrapper's own CPU a step",
 }
 
 
