@@ -396,8 +396,12 @@ def _write_totals(path: str, first: dict[str, float], first_calls: dict[str, int
         "calls": dict(CALLS),
         "first_step_calls": first_calls,
     }
-    with _WRITING, open(path, "w") as file:
-        json.dump(totals, file)
+    # Written whole, then renamed: the bench may read the file at any moment after the run.
+    partial = f"{path}.{os.getpid()}.tmp"
+    with _WRITING:
+        with open(partial, "w") as file:
+            json.dump(totals, file)
+        os.replace(partial, path)
 
 
 def _write() -> None:
