@@ -17,7 +17,8 @@
 -- Columns: request_id, replica, lookup_ns, prompt_tokens (the lookup's tokens requested),
 --   page (0-based, in group then token order), token_start, token_end, key, kv_group (0 where
 --   the traces name none), kv_group_kind, cause, achievable, counted (the page stands for its
---   tokens in sums: one page per token range, the first group's not dropped by design);
+--   tokens in sums: one page per token range, a missed one before a hit, none dropped by design
+--   before either, then the first group's);
 --   tier, holder, producer, stored_ns (the copy the cause is about, docs/design.md section
 --   7.2: where it sat, the replica whose store held it (NULL: the shared pool), who stored
 --   it and when). `explain_evictions` adds each page's last eviction.
@@ -238,8 +239,11 @@ SELECT d.request_id, d.replica, d.lookup_ns, d.prompt_tokens,
            AND d.token_start < coalesce(min(CASE WHEN NOT d.available THEN d.token_start END)
                                             OVER (PARTITION BY d.replica, d.request_id, d.lookup_ns),
                                         9223372036854775807) AS achievable,
+       -- A token range is reused only if every group's page it needs is: a missed page stands for it first.
        row_number() OVER (PARTITION BY d.replica, d.request_id, d.lookup_ns, d.token_start
-                          ORDER BY CASE WHEN d.cause = 'outside_window' THEN 1 ELSE 0 END, d.kv_group) = 1 AS counted,
+                          ORDER BY CASE WHEN d.cause = 'outside_window' THEN 2
+                                        WHEN d.cause IN ('hit_gpu', 'hit_local', 'hit_pool') THEN 1 ELSE 0 END,
+                                   d.kv_group) = 1 AS counted,
        nullif(CASE WHEN d.cause IN ('hit_gpu', 'hit_local', 'hit_pool', 'rejected')
                        THEN CASE WHEN d.in_gpu THEN 'gpu' ELSE d.fetched_tier END
                    WHEN d.cause = 'prefix_broken' THEN d.near_tier

@@ -66,7 +66,7 @@ class ExplainedPage:
     kv_group_kind: str | None
     cause: Cause
     achievable: bool
-    counted: bool  # stands for its tokens in sums: one page per token range (docs/design.md section 7.3)
+    counted: bool  # stands for its tokens in sums: one page per token range (docs/design.md section 7.1)
     tier: str | None
     holder: str | None
     producer: str | None

@@ -11,7 +11,8 @@ Replica r1, pages of 32 tokens, window 64 tokens. Request "a" (128 tokens) store
 of both groups; the sliding-window group's pages 0-1 are then evicted (dropped). Request
 "b", the same 128 tokens, fetches and uses the full-attention group's pages 0-3 and the
 sliding-window group's pages 2-3, its window (tokens 64-128). Then the sliding-window
-group's page 3 is evicted too, and request "c", the same tokens, fetches nothing.
+group's page 3 is evicted too, and request "c", the same tokens, fetches nothing; request
+"d" fetches all it can: the full-attention group's pages 0-3, the sliding-window group's page 2.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _pages_op(emitter, Op.FETCH, "b", {FULL: every, SLIDING: [2, 3]}, tokens_hit=PROMPT)
     _pages_op(emitter, Op.EVICT, None, {SLIDING: [3]})
     _lookup(emitter, "c", {})
+    _lookup(emitter, "d", {FULL: every, SLIDING: [2]})
+    _pages_op(emitter, Op.FETCH, "d", {FULL: every, SLIDING: [2]}, tokens_hit=PROMPT)
     emitter.shutdown()
     return folder
 
@@ -173,3 +176,11 @@ def test_the_table_names_the_group_and_the_remedy(traces: Path, capsys: pytest.C
     out = capsys.readouterr().out
     assert "outside_window (group 1, sliding_window)" in out
     assert "drops these by design" in out.replace("\n", " ")
+
+
+def test_a_token_range_counts_as_missed_where_one_group_missed_it(backend: Backend):
+    (request,) = explain(backend, "d")
+    last = {page.kv_group: page.cause for page in request.pages if page.token_start == 3 * 32}
+    assert last == {FULL: Cause.HIT_LOCAL, SLIDING: Cause.EVICTED}
+    # The engine reuses tokens 96-128 only with both groups' pages: they count as evicted.
+    assert request.hit_tokens == 3 * 32 and request.tokens_by_cause()[Cause.EVICTED] == 32
