@@ -21,6 +21,7 @@ class Cause(StrEnum):
     HIT_LOCAL = "hit_local"
     HIT_POOL = "hit_pool"
     REJECTED = "rejected"
+    OUTSIDE_WINDOW = "outside_window"
     PREFIX_BROKEN = "prefix_broken"
     ROUTED_AWAY = "routed_away"
     INCOMPATIBLE_PRODUCER = "incompatible_producer"
@@ -34,14 +35,19 @@ class Cause(StrEnum):
 
 
 HITS: Final = frozenset({Cause.HIT_GPU, Cause.HIT_LOCAL, Cause.HIT_POOL})
+# Pages absent by design, not missed: a sliding-window group's pages before the window of
+# the lookup, which the engine drops and never needs again (docs/design.md section 7.2).
+DROPPED: Final = frozenset({Cause.OUTSIDE_WINDOW})
 # The causes of a missed page, in the order they are decided: also the columns of missed
-# tokens in `queries/reuse_left_requests.sql` and `reuse_left.sql`.
-MISSES: Final = tuple(cause for cause in Cause if not cause.hit)
+# tokens in `queries/reuse_left_requests.sql` and `reuse_left.sql`, the reuse left on the table.
+MISSES: Final = tuple(cause for cause in Cause if not cause.hit and cause not in DROPPED)
 # What to do about a missed page, in one line per cause (`kvaudit explain` prints it beside
 # each cause's tokens): the lever an SRE has for it.
 REMEDIES: Final = {
     Cause.REJECTED: "the guard refused an incompatible page (its rule is shown): align the producer's KV"
     " configuration with this replica's, or key pages by geometry (`prevent`)",
+    Cause.OUTSIDE_WINDOW: "none needed: a sliding-window group keeps only the tokens of its window, the"
+    " engine drops these by design",
     Cause.PREFIX_BROKEN: "engines reuse only an unbroken prefix: remove the first miss before these pages",
     Cause.ROUTED_AWAY: "routing: send the session to the replica that holds its prefix (session affinity,"
     " prefix-aware routing), or share the tier",

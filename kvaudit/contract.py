@@ -188,6 +188,11 @@ class PageAttr:
     GEOMETRY: Final = "kvaudit.page.geometry"
     # The KV cache group (LMCache's object group in multiprocess mode) the page belongs to.
     KV_GROUP: Final = "kvaudit.page.kv_group"
+    # The kind of that group's attention, in vLLM's words (`full_attention`, `sliding_window`,
+    # ...), and the window in tokens of a sliding-window group: what lets explain tell a page
+    # dropped by design from an evicted one (docs/design.md section 7.2, `outside_window`).
+    KV_GROUP_KIND: Final = "kvaudit.page.kv_group_kind"
+    SLIDING_WINDOW: Final = "kvaudit.page.sliding_window"
 
 
 class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -219,6 +224,8 @@ class PageDescriptor(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     source_key: str | None = None
     geometry: str | None = None
     kv_group: int | None = None
+    kv_group_kind: str | None = None
+    sliding_window: int | None = None
 
     def to_attributes(self) -> dict[str, Any]:
         """The present fields as OpenTelemetry attributes."""

@@ -15,7 +15,7 @@
 WITH evictions AS (
     -- Each eviction of the pages' keys, in the store it ended (queries/store_events.sql); `seq`
     -- as explain orders events: a lookup at time T sees an eviction at T (2T <= 2T + 1).
-    SELECT e.key, e.time_ns, e.seq, e.replica, e.request_id, nullif(e.backend, '') AS backend, e.tier, e.holder, s.evict_reason
+    SELECT e.key, e.kv_group, e.time_ns, e.seq, e.replica, e.request_id, nullif(e.backend, '') AS backend, e.tier, e.holder, s.evict_reason
     FROM store_events e
     LEFT JOIN (SELECT trace_id, span_id, evict_reason FROM spans WHERE op = 'evict') s
         ON s.trace_id = e.trace_id AND s.span_id = e.span_id
@@ -23,12 +23,12 @@ WITH evictions AS (
 ),
 looked_up AS (
     SELECT request_id, replica, lookup_ns, lookup_ns * 2 + 1 AS at_seq, prompt_tokens, page, token_start,
-           token_end, key, cause, achievable, tier, holder, producer, stored_ns
+           token_end, key, kv_group, kv_group_kind, cause, achievable, counted, tier, holder, producer, stored_ns
     FROM explain_pages
 ),
 last_evictions AS (
     SELECT p.request_id, p.replica, p.lookup_ns, p.prompt_tokens, p.page, p.token_start, p.token_end, p.key,
-           p.cause, p.achievable, p.tier, p.holder, p.producer, p.stored_ns,
+           p.kv_group, p.kv_group_kind, p.cause, p.achievable, p.counted, p.tier, p.holder, p.producer, p.stored_ns,
            CASE WHEN shared.seq IS NULL AND own.seq IS NULL THEN 'any'
                 WHEN own.seq IS NULL OR shared.seq > own.seq THEN 'shared'
                 ELSE 'own' END AS which,
@@ -40,12 +40,14 @@ last_evictions AS (
            anywhere.replica AS any_replica, anywhere.evict_reason AS any_reason, anywhere.request_id AS any_by
     FROM looked_up p
     ASOF LEFT JOIN (SELECT * FROM evictions WHERE holder = '') shared
-        ON shared.key = p.key AND shared.seq <= p.at_seq
-    ASOF LEFT JOIN evictions own ON own.key = p.key AND own.holder = p.replica AND own.seq <= p.at_seq
-    ASOF LEFT JOIN evictions anywhere ON anywhere.key = p.key AND anywhere.seq <= p.at_seq
+        ON shared.key = p.key AND shared.kv_group = p.kv_group AND shared.seq <= p.at_seq
+    ASOF LEFT JOIN evictions own
+        ON own.key = p.key AND own.kv_group = p.kv_group AND own.holder = p.replica AND own.seq <= p.at_seq
+    ASOF LEFT JOIN evictions anywhere
+        ON anywhere.key = p.key AND anywhere.kv_group = p.kv_group AND anywhere.seq <= p.at_seq
 )
-SELECT request_id, replica, lookup_ns, prompt_tokens, page, token_start, token_end, key, cause, achievable, tier,
-       holder, producer, stored_ns,
+SELECT request_id, replica, lookup_ns, prompt_tokens, page, token_start, token_end, key, kv_group, kv_group_kind,
+       cause, achievable, counted, tier, holder, producer, stored_ns,
        CASE which WHEN 'shared' THEN shared_ns WHEN 'own' THEN own_ns ELSE any_ns END AS evicted_ns,
        CASE which WHEN 'shared' THEN shared_backend WHEN 'own' THEN own_backend ELSE any_backend END
            AS evicted_backend,
@@ -56,4 +58,4 @@ SELECT request_id, replica, lookup_ns, prompt_tokens, page, token_start, token_e
        CASE which WHEN 'shared' THEN shared_reason WHEN 'own' THEN own_reason ELSE any_reason END AS evict_reason,
        CASE which WHEN 'shared' THEN shared_by WHEN 'own' THEN own_by ELSE any_by END AS evicted_by
 FROM last_evictions
-ORDER BY replica, request_id, token_start
+ORDER BY replica, request_id, lookup_ns, kv_group, token_start

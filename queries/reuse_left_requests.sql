@@ -30,5 +30,7 @@ SELECT replica, request_id, lookup_ns,
        coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'stored_after_lookup'), 0) AS stored_after_lookup,
        coalesce(sum(token_end - token_start) FILTER (WHERE cause = 'never_stored'), 0) AS never_stored
 FROM explain_pages
+-- One page per token range: a hybrid model's groups each hold one (explain's `counted`).
+WHERE counted
 GROUP BY replica, request_id, lookup_ns
 ORDER BY lost_tokens DESC, replica, request_id, lookup_ns

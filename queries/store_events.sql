@@ -13,12 +13,13 @@
 --   at equal times, a store makes room then writes; a lookup at time T sees every event of
 --   seq <= 2T + 1), replica, request_id, trace_id, span_id, backend (one target; '' for
 --   none), tier ('' for none), holder (the replica whose store it is; '' for the shared
---   pool, tier `remote`), and the page's descriptor: model, dtype, layout, world_size,
+--   pool, tier `remote`), kv_group (the KV cache group whose copy it is; 0 where the page
+--   names none, a model with one group), and the page's descriptor: model, dtype, layout, world_size,
 --   rank, hash_algo, layers, kv_heads, head_size, bytes. In no particular order: the
 --   queries that include it filter it by key, which an ORDER BY here would keep from
 --   reaching the pages (a full sort of every store and eviction, for one request).
 WITH targets AS (
-    SELECT key, op, time_ns, replica, request_id, trace_id, span_id, tier,
+    SELECT key, coalesce(kv_group, 0) AS kv_group, op, time_ns, replica, request_id, trace_id, span_id, tier,
            unnest(string_split(coalesce(backend, ''), ',')) AS backend,
            model, dtype, layout, world_size, rank, hash_algo, layers, kv_heads, head_size, bytes
     FROM pages
@@ -31,7 +32,7 @@ backend_tiers AS (
     WHERE op = 'evict' AND tier IS NOT NULL AND backend IS NOT NULL
     GROUP BY replica, backend
 )
-SELECT t.key, t.op, t.time_ns, t.time_ns * 2 + CASE WHEN t.op = 'store' THEN 1 ELSE 0 END AS seq,
+SELECT t.key, t.kv_group, t.op, t.time_ns, t.time_ns * 2 + CASE WHEN t.op = 'store' THEN 1 ELSE 0 END AS seq,
        t.replica, t.request_id, t.trace_id, t.span_id, t.backend,
        coalesce(t.tier, b.tier, '') AS tier,
        CASE WHEN coalesce(t.tier, b.tier) = 'remote' THEN '' ELSE t.replica END AS holder,

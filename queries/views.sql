@@ -184,6 +184,8 @@ SELECT file, line, resource_id, replica, trace_id, span_id, op, hook, backend, r
        kvaudit_str(a, 'kvaudit.page.source_key') AS source_key,
        kvaudit_str(a, 'kvaudit.page.geometry') AS geometry,
        kvaudit_int(a, 'kvaudit.page.kv_group') AS kv_group,
+       kvaudit_str(a, 'kvaudit.page.kv_group_kind') AS kv_group_kind,
+       kvaudit_int(a, 'kvaudit.page.sliding_window') AS sliding_window,
        make_timestamp_ns(CAST(coalesce(e ->> '$.timeUnixNano', '0') AS BIGINT)) AS time
 FROM (
     SELECT *, kvaudit_attrs(e -> '$.attributes') AS a

@@ -98,10 +98,10 @@ class KVAuditConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         self._half: KVAuditScheduler | KVAuditWorker
         if worker:
-            self._half = KVAuditWorker(vllm_config, settings, self._inner, self._expose)
+            self._half = KVAuditWorker(vllm_config, settings, self._inner, self._expose, kv_cache_config)
         else:
             self._check_configuration(settings, inner_config.kv_transfer_config)
-            self._half = KVAuditScheduler(vllm_config, settings, self._inner)
+            self._half = KVAuditScheduler(vllm_config, settings, self._inner, kv_cache_config)
         # Only what this connector's class declares (and so vLLM calls): the running release's
         # interface, and the hybrid memory allocator's where the class supports it.
         self._expose({name: call for name, call in self._half.calls().items() if hasattr(type(self), name)})

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvaudit.contract import KVConfig, bytes_per_element
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,17 @@ class EngineGeometry:
     world_size: int
     rank: int | None
     hash_algo: str
+    # A hybrid model's first KV cache group, the one whose blocks the hook describes: its
+    # kind (vLLM's `KVCacheSpecKind`) and window; None for a model with one group.
+    kv_group_kind: str | None = None
+    sliding_window: int | None = None
+
+    @property
+    def group_fields(self) -> dict[str, Any]:
+        """What every page of the described group says of it (docs/design.md section 7.1); none with one group."""
+        if self.kv_group_kind is None:
+            return {}
+        return {"kv_group": 0, "kv_group_kind": self.kv_group_kind, "sliding_window": self.sliding_window}
 
     @property
     def element_bytes(self) -> int:
@@ -60,8 +72,11 @@ def torch_dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def engine_geometry(vllm_config: VllmConfig, rank: int | None) -> EngineGeometry:
-    """The KV geometry of this replica; `rank` is the TP rank in a worker, None in the scheduler."""
+def engine_geometry(
+    vllm_config: VllmConfig, rank: int | None, kv_cache_config: KVCacheConfig | None = None
+) -> EngineGeometry:
+    """The KV geometry of this replica; `rank` is the TP rank in a worker, None in the scheduler;
+    `kv_cache_config` the KV cache's groups, where the connector was given them."""
     model_config = vllm_config.model_config
     parallel = vllm_config.parallel_config
     cache = vllm_config.cache_config
@@ -76,4 +91,18 @@ def engine_geometry(vllm_config: VllmConfig, rank: int | None) -> EngineGeometry
         world_size=int(parallel.tensor_parallel_size),
         rank=rank,
         hash_algo=str(cache.prefix_caching_hash_algo),
+        **first_group(kv_cache_config),
     )
+
+
+def first_group(kv_cache_config: KVCacheConfig | None) -> dict[str, Any]:
+    """The first KV cache group's kind and window (of a sliding-window group), where there are
+    several groups: a hybrid model. None with one group, where every page is of group 0."""
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+    if len(groups) < 2:
+        return {}
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+
+    spec = groups[0].kv_cache_spec
+    kind = get_kv_cache_spec_kind(spec).value
+    return {"kv_group_kind": kind, "sliding_window": spec.sliding_window if kind.startswith("sliding") else None}

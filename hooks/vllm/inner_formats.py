@@ -79,10 +79,12 @@ class InnerFormat(Protocol):
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]: ...
 
 
-def page_skeletons(unit: Unit, block_size: int, fields: dict[str, Any]) -> list[PageDescriptor]:
-    """One descriptor per whole block the unit covers: key, token range and `fields`."""
+def page_skeletons(unit: Unit, geometry: EngineGeometry, fields: dict[str, Any]) -> list[PageDescriptor]:
+    """One descriptor per whole block the unit covers: key, token range, its KV cache group and `fields`."""
+    block_size = geometry.block_size
     first = unit.token_start // block_size
     keys = unit.plan.keys
+    fields = {**geometry.group_fields, **fields}
     return [
         PageDescriptor(
             key=keys[index] if index < len(keys) else None,
@@ -117,7 +119,7 @@ class OpaqueFormat:
         return [Unit(plan, False, plan.local_tokens, plan.load_tokens) for plan in plans if plan.load_tokens > 0]
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        return page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
+        return page_skeletons(unit, self._geometry, self._fetch_fields)
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
         return []
@@ -175,7 +177,7 @@ class ExampleFormat:
         return [os.path.join(folder, name) for name in names]
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
+        pages = page_skeletons(unit, self._geometry, self._fetch_fields)
         headers = [_safetensors_header(path) for path in self.payload_files(unit)]
         tensors = [header.get("kv_cache") for header in headers if header is not None]
         if not tensors or len(tensors) != len(headers) or any(not _is_tensor_entry(t) for t in tensors):
@@ -206,7 +208,7 @@ class ExampleFormat:
         return pages
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
-        return page_skeletons(unit, self._geometry.block_size, self._store_fields)
+        return page_skeletons(unit, self._geometry, self._store_fields)
 
 
 class RawPointerFormat(ExampleFormat):
@@ -222,7 +224,7 @@ class RawPointerFormat(ExampleFormat):
         return store_fields(geometry, shape, CPU_PAGED_LAYOUT, Transfer.RAW_PTR)
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
+        pages = page_skeletons(unit, self._geometry, self._fetch_fields)
         files = self.payload_files(unit)
         sizes = [_size(path) for path in files]
         total = sum(sizes) if files and None not in sizes else None
@@ -235,7 +237,7 @@ class RawPointerFormat(ExampleFormat):
         return pages
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._store_fields)
+        pages = page_skeletons(unit, self._geometry, self._store_fields)
         first_cache = next(iter(kv_caches.values()), None)
         first_block = unit.token_start // self._geometry.block_size
         for index, page in enumerate(pages):

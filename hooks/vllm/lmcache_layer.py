@@ -306,7 +306,7 @@ class LMCacheFormat:
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
         """The unit's blocks: key, token range, the chunk that served each, and vLLM's use of it."""
-        pages = page_skeletons(unit, self._geometry.block_size, self._fields)
+        pages = page_skeletons(unit, self._geometry, self._fields)
         state: LMCacheUnit = unit.ref
         name_sources(pages, state.chunks)
         for index, page in enumerate(pages):

@@ -151,12 +151,12 @@ class MPFormat:
         return units
 
     def describe_fetch(self, unit: Unit) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._fetch_fields)
+        pages = page_skeletons(unit, self._geometry, self._fetch_fields)
         self._name_sources(pages, unit.ref)
         return pages
 
     def describe_store(self, unit: Unit, kv_caches: dict[str, torch.Tensor]) -> list[PageDescriptor]:
-        pages = page_skeletons(unit, self._geometry.block_size, self._store_fields)
+        pages = page_skeletons(unit, self._geometry, self._store_fields)
         self._name_sources(pages, unit.ref)
         return pages
 

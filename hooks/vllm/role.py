@@ -34,6 +34,7 @@ from kvaudit.sampling import request_sampler
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -43,11 +44,16 @@ class KVAuditRole(abc.ABC):
     """The setup both halves share; `calls` is each half's own."""
 
     def __init__(
-        self, vllm_config: VllmConfig, settings: AuditSettings, inner: KVConnectorBase_V1, tp_rank: int | None
+        self,
+        vllm_config: VllmConfig,
+        settings: AuditSettings,
+        inner: KVConnectorBase_V1,
+        tp_rank: int | None,
+        kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         self._settings = settings
         self._inner = inner
-        self._geometry: EngineGeometry = engine_geometry(vllm_config, tp_rank)
+        self._geometry: EngineGeometry = engine_geometry(vllm_config, tp_rank, kv_cache_config)
         # LMCache's format, where it is the inner connector's (`_layer`): its units join the LMCache hook's.
         self._layer = lmcache_layer.format_for(inner, self._geometry)
         # LMCache's multiprocess connector: its blocks name the server's objects (`_mp`).

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,14 @@ STRAIGHT_SCHEDULER = (
 class KVAuditScheduler(KVAuditRole):
     """Looks requests up and plans them; keeps the requests looked up and not finished."""
 
-    def __init__(self, vllm_config: VllmConfig, settings: AuditSettings, inner: KVConnectorBase_V1) -> None:
-        super().__init__(vllm_config, settings, inner, None)
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        settings: AuditSettings,
+        inner: KVConnectorBase_V1,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
+        super().__init__(vllm_config, settings, inner, None, kv_cache_config)
         # A request not recorded is still planned where its pages are still judged (the guard)
         # or stamped for other replicas' guards: only the spans are left out.
         self._plan_all = settings.guard or settings.stamp_dir is not None
@@ -209,6 +216,7 @@ class KVAuditScheduler(KVAuditRole):
                 token_start=index * size,
                 token_end=(index + 1) * size,
                 tier=Tier.GPU.value if (index + 1) * size <= local_tokens else None,
+                **self._geometry.group_fields,
             )
             for index, key in enumerate(hex_keys(hashes))
         ]

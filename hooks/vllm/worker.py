@@ -42,6 +42,7 @@ from kvaudit.hooks.vllm.stamps import apply_stamp, read_stamp, write_stamp
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = logging.getLogger(__name__)
 _IS_STORE = attrgetter("is_store")
@@ -90,8 +91,9 @@ class KVAuditWorker(KVAuditRole):
         settings: AuditSettings,
         inner: KVConnectorBase_V1,
         expose: Callable[[Mapping[str, Callable[..., Any]]], None],
+        kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
-        super().__init__(vllm_config, settings, inner, _tp_rank(vllm_config))
+        super().__init__(vllm_config, settings, inner, _tp_rank(vllm_config), kv_cache_config)
         # What this replica reads a page as: the reference the guard compares fetched pages with
         # (LMCache's multiprocess objects hold a block in their own shape).
         shape = self._mp.page_shape if self._mp is not None else self._geometry.page_shape
@@ -203,7 +205,7 @@ class KVAuditWorker(KVAuditRole):
         key and token range, which the guard rejects as incomplete: unchecked is unused."""
         pages = self._observed(self._format.describe_fetch, unit)
         if pages is None:
-            pages = page_skeletons(unit, self._geometry.block_size, {"hash_algo": self._geometry.hash_algo})
+            pages = page_skeletons(unit, self._geometry, {"hash_algo": self._geometry.hash_algo})
         return pages
 
     def _finish_fetch(self, unit: Unit, fetch: Operation, pages: list[PageDescriptor]) -> None:

@@ -62,8 +62,11 @@ class ExplainedPage:
     token_start: int
     token_end: int
     key: str
+    kv_group: int  # the KV cache group (0 where the traces name none): a hybrid model's has a page each
+    kv_group_kind: str | None
     cause: Cause
     achievable: bool
+    counted: bool  # stands for its tokens in sums: one page per token range (docs/design.md section 7.1)
     tier: str | None
     holder: str | None
     producer: str | None
@@ -122,16 +125,17 @@ class Explanation:
 
     @property
     def hit_tokens(self) -> int:
-        return sum(page.tokens for page in self.pages if page.cause.hit)
+        return sum(page.tokens for page in self.pages if page.counted and page.cause.hit)
 
     @property
     def achievable_tokens(self) -> int:
-        return sum(page.tokens for page in self.pages if page.achievable)
+        return sum(page.tokens for page in self.pages if page.counted and page.achievable)
 
     def tokens_by_cause(self) -> Counter[Cause]:
         tokens: Counter[Cause] = Counter()
         for page in self.pages:
-            tokens[page.cause] += page.tokens
+            if page.counted:
+                tokens[page.cause] += page.tokens
         return tokens
 
     @property
@@ -141,7 +145,7 @@ class Explanation:
 
     def rates(self) -> str:
         """The hit rate beside the achievable one, in words."""
-        prompt = self.prompt_tokens or sum(page.tokens for page in self.pages)
+        prompt = self.prompt_tokens or sum(page.tokens for page in self.pages if page.counted)
         hit, achievable = self.hit_tokens, self.achievable_tokens
         text = (
             f"hit {hit:,} of {prompt:,} prompt tokens ({_share(hit, prompt)}); achievable {achievable:,}"
@@ -163,7 +167,8 @@ class Explanation:
         runs: list[list[ExplainedPage]] = []
         for page in self.pages:
             last = runs[-1][-1] if runs else None
-            if last is not None and (last.cause, last.where, last.producer, last.rule) == (
+            if last is not None and (last.kv_group, last.cause, last.where, last.producer, last.rule) == (
+                page.kv_group,
                 page.cause,
                 page.where,
                 page.producer,

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Final
 
+from kvaudit.causes import DROPPED
 from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import (
     TRACE_PATHS_HELP,
@@ -117,7 +118,9 @@ def _not_explained(backend: Backend, request_id: str, replica: str | None) -> in
 def recompute_s(explanation: Explanation, cost: CostModel, model: ModelGeometry | None) -> list[float | None]:
     """What prefilling each missed page costs after the tokens before it (None for hits, or with no model)."""
     return [
-        None if model is None or page.cause.hit else cost.prefill_s(model, page.tokens, page.token_start)
+        None
+        if model is None or page.cause.hit or page.cause in DROPPED
+        else cost.prefill_s(model, page.tokens, page.token_start)
         for page in explanation.pages
     ]
 

@@ -46,6 +46,9 @@ class CachedBlock:
     token_end: int | None
     tier: str | None
     hash_algo: str | None
+    kv_group: int | None = None
+    kv_group_kind: str | None = None
+    sliding_window: int | None = None
 
 
 def tier_of(medium: str | None) -> str | None:
@@ -115,6 +118,9 @@ class StreamTranslator:
                 None if token_start is None else token_start + block_size,
                 tier,
                 key_hash_algo(block_hash, self._hash_algo),
+                event.group_idx,
+                event.kv_cache_spec_kind,
+                event.kv_cache_spec_sliding_window,
             )
             self._cached[(event.group_idx, key)] = block
             op.add_page(_page(key, block))
@@ -132,11 +138,16 @@ class StreamTranslator:
             for block_hash in event.block_hashes:
                 key = block_key(block_hash)
                 block = self._cached.pop((event.group_idx, key), None)
-                op.add_page(_page(key, block) if block else self._unknown_page(key, block_hash, event.medium))
+                op.add_page(_page(key, block) if block else self._unknown_page(key, block_hash, event))
         op.end()
 
-    def _unknown_page(self, key: str, block_hash: ExternalBlockHash, medium: str | None) -> PageDescriptor:
-        return PageDescriptor(key=key, hash_algo=key_hash_algo(block_hash, self._hash_algo), tier=tier_of(medium))
+    def _unknown_page(self, key: str, block_hash: ExternalBlockHash, event: BlockRemoved) -> PageDescriptor:
+        return PageDescriptor(
+            key=key,
+            hash_algo=key_hash_algo(block_hash, self._hash_algo),
+            tier=tier_of(event.medium),
+            kv_group=event.group_idx,
+        )
 
     def _operation(self, op: Op, at_ns: int, attributes: dict[str, object] | None) -> Operation:
         return self._emitter.operation(
@@ -151,6 +162,9 @@ def _page(key: str, block: CachedBlock) -> PageDescriptor:
         token_start=block.token_start,
         token_end=block.token_end,
         tier=block.tier,
+        kv_group=block.kv_group,
+        kv_group_kind=block.kv_group_kind,
+        sliding_window=block.sliding_window,
     )
 
 

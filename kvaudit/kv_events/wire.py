@@ -24,7 +24,7 @@ _LOW64: Final = (1 << 64) - 1
 
 class BlockStored(msgspec.Struct, tag=True, gc=False):
     # Not declared, so skipped: `lora_id`, `lora_name`, `extra_keys`, the fields after
-    # `group_idx`, and vLLM 0.33's trailing `lookahead_token_ids` (the tokens past each
+    # `kv_cache_spec_sliding_window`, and vLLM 0.33's trailing `lookahead_token_ids` (the tokens past each
     # block that its hash covers under lookahead hashing; omitted when None). `token_ids`
     # holds the blocks' own tokens on every release, so token ranges do not depend on it.
     block_hashes: list[ExternalBlockHash]
@@ -33,6 +33,10 @@ class BlockStored(msgspec.Struct, tag=True, gc=False):
     block_size: int
     medium: str | None = None
     group_idx: int | None = None
+    # The group's kind (vLLM's `KVCacheSpecKind`: `full_attention`, `sliding_window`, ...) and
+    # window, where the publisher fills them (vLLM 0.32's prefix cache leaves them None).
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 class BlockRemoved(msgspec.Struct, tag=True, gc=False):

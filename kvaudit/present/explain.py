@@ -16,13 +16,19 @@ from typing import Final, TextIO
 from rich.table import Table
 from rich.text import Text
 
-from kvaudit.analyse.explain import Explanation
+from kvaudit.analyse.explain import ExplainedPage, Explanation
 from kvaudit.causes import REMEDIES, Cause
 from kvaudit.present.rows import json_line
 from kvaudit.present.terminal import cell, console, print_wide
 
 KEY_WIDTH: Final = 12
-_STYLE: Final = {Cause.HIT_GPU: "green", Cause.HIT_LOCAL: "green", Cause.HIT_POOL: "green", Cause.REJECTED: "red"}
+_STYLE: Final = {
+    Cause.HIT_GPU: "green",
+    Cause.HIT_LOCAL: "green",
+    Cause.HIT_POOL: "green",
+    Cause.REJECTED: "red",
+    Cause.OUTSIDE_WINDOW: "dim",
+}
 
 
 def write_json(explanation: Explanation, recompute_s: Sequence[float | None], stream: TextIO) -> None:
@@ -52,7 +58,7 @@ def write_table(explanation: Explanation, recompute_s: Sequence[float | None], c
             cell(str(first.page) if len(run) == 1 else f"{first.page}-{last.page}"),
             cell(f"{first.token_start}-{last.token_end}"),
             cell(_short(first.key) if len(run) == 1 else f"{_short(first.key)} +{len(run) - 1}"),
-            Text(first.cause.value, style=_STYLE.get(first.cause, "yellow")),
+            Text(first.cause.value + _group(first), style=_STYLE.get(first.cause, "yellow")),
             cell(first.where),
             cell(first.producer),
             cell(first.since_lookup(first.stored_ns)),
@@ -85,3 +91,8 @@ def write_table(explanation: Explanation, recompute_s: Sequence[float | None], c
 
 def _short(key: str) -> str:
     return key if len(key) <= KEY_WIDTH + 4 else f"{key[:KEY_WIDTH]}…"
+
+
+def _group(page: ExplainedPage) -> str:
+    """A hybrid model's page names its KV cache group: ` (group 1, sliding_window)`."""
+    return f" (group {page.kv_group}, {page.kv_group_kind})" if page.kv_group_kind else ""

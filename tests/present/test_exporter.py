@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.causes import Cause
+from kvaudit.causes import MISSES
 from kvaudit.commands.metrics_server import serve
 from kvaudit.present.exporter_metrics import prometheus_name
 from kvaudit.read.store import TraceStore
@@ -65,7 +65,7 @@ def test_reuse_left_per_replica_is_the_simulators(tmp_path: Path):
         assert metrics["kvaudit_reuse_prompt_tokens_total"][labels] == prompt[replica]
         assert metrics["kvaudit_reuse_hit_ratio"][labels] == pytest.approx(summaries[replica].hit)
         assert metrics["kvaudit_reuse_achievable_ratio"][labels] == pytest.approx(summaries[replica].achievable)
-        for cause in (c for c in Cause if not c.hit):
+        for cause in MISSES:
             tokens = metrics["kvaudit_reuse_missed_tokens_total"][(("cause", cause.value), *labels)]
             assert tokens == missed[replica, cause.value] * config.page_tokens
     assert {cause for (_, cause), pages in missed.items() if pages} >= {"routed_away", "evicted", "never_stored"}

@@ -59,3 +59,31 @@ def write_random_weights(directory: Any, config: dict[str, Any], seed: int = 0, 
     tensors["model.norm.weight"] = torch.ones(hidden, dtype=dtype)
     tensors["lm_head.weight"] = normal(config["vocab_size"], hidden)
     save_file(tensors, str(Path(directory) / "model.safetensors"))
+
+
+# A tiny hybrid model: Gemma 3's sliding-window and global layers, one of each, so that vLLM
+# keeps two KV cache groups (docs/design.md section 7.1). A window of one 32-token block.
+TINY_GEMMA3: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "rope_local_base_freq": 10000.0,
+    "query_pre_attn_scalar": 32,
+    "sliding_window": 32,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "vocab_size": 1024,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "pad_token_id": 0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
