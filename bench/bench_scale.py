@@ -243,7 +243,13 @@ def _generate(store: TraceStore, pages: int) -> None:
 
 def _text_map(columns: dict[str, tuple[str, str]], prefix: str) -> str:
     """ClickHouse SQL for a Map of attribute key to text, as the exporter stores it, of the present values."""
-    text = {"str": "{}", "int": "toString({})", "bool": "toString({})", "ints": "toJSONString({})"}
+    text = {
+        "str": "{}",
+        "int": "toString({})",
+        "bool": "toString({})",
+        "double": "toString({})",
+        "ints": "toJSONString({})",
+    }
     pairs = ", ".join(f"'{key}', {text[kind].format(prefix + name)}" for name, (key, kind) in columns.items())
     return f"CAST(mapFilter((k, v) -> v IS NOT NULL, map({pairs})) AS Map(String, String))"
 
