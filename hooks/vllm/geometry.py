@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.contract import KVConfig, bytes_per_element
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -98,11 +101,15 @@ def engine_geometry(
 def first_group(kv_cache_config: KVCacheConfig | None) -> dict[str, Any]:
     """The first KV cache group's kind and window (of a sliding-window group), where there are
     several groups: a hybrid model. None with one group, where every page is of group 0."""
-    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
-    if len(groups) < 2:
-        return {}
-    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+    try:
+        groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+        if len(groups) < 2:
+            return {}
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
 
-    spec = groups[0].kv_cache_spec
-    kind = get_kv_cache_spec_kind(spec).value
-    return {"kv_group_kind": kind, "sliding_window": spec.sliding_window if kind.startswith("sliding") else None}
+        spec = groups[0].kv_cache_spec
+        kind = get_kv_cache_spec_kind(spec).value
+        return {"kv_group_kind": kind, "sliding_window": spec.sliding_window if kind.startswith("sliding") else None}
+    except Exception:  # a release that describes its groups otherwise: pages go without their group's kind
+        logger.debug("kvaudit: cannot tell the KV cache groups' kinds", exc_info=True)
+        return {}
