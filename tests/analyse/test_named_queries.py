@@ -43,7 +43,6 @@ def test_hit_rate_per_layer_op_and_bucket(fleet: Fleet):
     assert rows[1]["bucket_start"] < rows[2]["bucket_start"]
 
 
-
 def test_cross_replica_matrix_shares_and_classes(fleet: Fleet, trace_dir: Path):
     r1, r2, r3 = fleet.replica("r1"), fleet.replica("r2"), fleet.replica("r3")
     fleet.at(0).store(r1, [page("a", 0), page("b", 1)])
