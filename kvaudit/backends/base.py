@@ -156,12 +156,14 @@ class Backend(ABC):
 
         Args:
             final: also read an unterminated last line (a one-shot read, not a live one).
-            added: called with the rows of each part of the read as it is taken in.
+            added: called with the rows of each part of the read as it is taken in (they
+                are then not kept for the return: a read of any size holds one part's rows).
             progress: called with the bytes of each part read.
 
         Returns:
-            The rows added; None for a backend whose queries always see the newest data
-            (ClickHouse fed by the Collector, an ingested database), which has nothing to read.
+            The rows added (None where `added` took them); None for a backend whose queries
+            always see the newest data (ClickHouse fed by the Collector, an ingested
+            database), which has nothing to read.
         """
         return None
 

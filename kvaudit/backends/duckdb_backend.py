@@ -116,7 +116,10 @@ class DuckDBBackend(Backend):
         added: Callable[[Tables], None] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> Tables | None:
-        return self.store.refresh(final=final, added=added, progress=progress) if self.follows_files else None
+        if not self.follows_files:
+            return None
+        with _errors():  # DuckDB's own, such as a disk too full to spill to past the store's memory
+            return self.store.refresh(final=final, added=added, progress=progress)
 
     @property
     def follows_files(self) -> bool:

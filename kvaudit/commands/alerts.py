@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from kvaudit.alerts.engine import RuleEngine
     from kvaudit.alerts.rules import Group
     from kvaudit.backends import Backend
+    from kvaudit.read.columns import Tables
 
 METRICS_PORT: Final = 9465
 # Which alerts make `eval` and `watch --once` exit 1: none, firing ones, or pending and firing ones.
@@ -211,7 +212,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from kvaudit.present.rows import write_rows
 
     engine = RuleEngine(_groups(args.rules), skew_s=args.skew, bounds=_bounds(args))
-    with open_backend(args.backend, args.paths) as backend:
+    with open_backend(args.backend, args.paths, store=args.store) as backend:
         warn_backend_read_errors(backend)
         alerts = [a for a in engine.evaluate(backend) if a.state is not AlertState.RESOLVED]
     columns = ("state", "severity", "alertname", "labels", "value", "summary", "active_since")
@@ -263,7 +264,7 @@ def run_watch(args: argparse.Namespace) -> int:
         bounds=_bounds(args),
         external_url=args.external_url or "",
     )
-    backend = open_backend(args.backend, args.paths, live=True)  # trace files are read as they grow
+    backend = open_backend(args.backend, args.paths, store=args.store, live=True)  # trace files are read as they grow
     dispatcher = Dispatcher(notifiers)
     try:
         if args.metrics:
@@ -280,22 +281,28 @@ def run_watch(args: argparse.Namespace) -> int:
         backend.close()
 
 
+def _warn_read_errors(tables: Tables) -> None:
+    """Name a read's unreadable lines as each part of it is taken in."""
+    from kvaudit.present.rows import warn_read_errors
+
+    warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
+
+
 def _watch(
     args: argparse.Namespace, engine: RuleEngine, dispatcher: Dispatcher, backend: Backend, *, longest_delivery_s: float
 ) -> int:
     from kvaudit.alerts.dispatch import BATCH_SIZE
-    from kvaudit.present.rows import warn_read_errors
+    from kvaudit.backends import BackendError
 
     status = ""
     while True:
         started = time.monotonic()
         try:
             # Only complete lines: a writer may be in the middle of the last one.
-            tables = backend.refresh(final=False)
-            if tables is not None:
-                warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
-        except OSError as exc:
-            # A file rotated or a directory remounted: alert on what was read, retry next time.
+            backend.refresh(final=False, added=_warn_read_errors)
+        except (OSError, BackendError) as exc:
+            # A file rotated or a directory remounted, a disk too full to spill to: alert on
+            # what was read, retry next time.
             print(visible(f"kvaudit alerts: reading traces: {exc}"), file=sys.stderr)
         alerts = engine.evaluate(backend)
         dispatcher.dispatch(alerts, engine.clock())  # queued: sent by the notifiers' own threads

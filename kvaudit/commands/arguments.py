@@ -112,21 +112,38 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
         help="query ClickHouse behind the OpenTelemetry Collector (clickhouse://HOST:PORT/DB[?table=otel_traces],"
         " or chdb:///DIR for the engine in-process) instead of DuckDB over the PATHs",
     )
+    parser.add_argument(
+        "--store",
+        metavar="FILE.duckdb",
+        help="keep what is read of the trace PATHs in this database (made if absent): the next command given it"
+        " reads only the lines appended since",
+    )
 
 
-def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, workers: int | None = None) -> Backend:
+def open_backend(
+    url: str | None,
+    paths: Sequence[str],
+    *,
+    store: str | None = None,
+    live: bool = False,
+    workers: int | None = None,
+) -> Backend:
     """The backend a command asked for: ClickHouse at `url`, or DuckDB over `paths`.
 
     Args:
-        live: trace files are read as they grow (`Backend.refresh`, nothing read yet) into
-            DuckDB's own tables, which keep each row group's min and max for the windowed
-            queries a live view repeats; otherwise they are read whole now, held as Arrow.
+        store: a database file keeping what is read of the trace files (`--store`, see
+            `kvaudit.read.store_file`): only what was appended since it was last brought up
+            to date is read.
+        live: trace files are read as they grow (`Backend.refresh`, nothing read yet) into a
+            database file (`store`, or a temporary one), whose row groups' min and max serve
+            the windowed queries a live view repeats; otherwise they are read whole now, held
+            as Arrow (or into `store`).
         workers: decoding threads (default: one per CPU).
 
     Raises:
-        UsageError: both or neither of `url` and `paths`.
+        UsageError: both or neither of `url` and `paths`; `store` with no trace files.
         BadValueError: a URL that is not ClickHouse's.
-        InputError: a path matches nothing, or cannot be read.
+        InputError: a path matches nothing, or cannot be read; `store` is held by another process.
         BackendError: the ClickHouse server cannot be reached.
     """
     if url is None:
@@ -135,19 +152,33 @@ def open_backend(url: str | None, paths: Sequence[str], *, live: bool = False, w
         from kvaudit.backends.duckdb_backend import DuckDBBackend
         from kvaudit.read import parquet
         from kvaudit.read.open import is_trace_files, open_store
-        from kvaudit.read.store import TraceStore
+        from kvaudit.read.store_file import open_bounded_store, warn_unterminated
 
+        if store is not None and not store.endswith(".duckdb"):
+            raise UsageError(f"--store {store}: the name must end in .duckdb")
+        if store is not None and not is_trace_files(paths):
+            raise UsageError("--store keeps what is read of trace files: give trace files, not a database or dataset")
         with user_files():
             if live and is_trace_files(paths):
-                return DuckDBBackend(TraceStore(paths, ":memory:", workers=workers))
+                return DuckDBBackend(open_bounded_store(paths, store, live=True, workers=workers))
+            if store is not None:
+                kept = open_bounded_store(paths, store, live=False, workers=workers)
+                # Whole lines only: a writer may be in the middle of the last one (read later, whole).
+                kept.refresh(final=False, added=_kept)
+                warn_unterminated(kept, "store")
+                return DuckDBBackend(kept)
             # A Parquet dataset is read in place by DuckDB: its root stays readable in the rules' sandbox.
             dataset = [paths[0]] if len(paths) == 1 and parquet.is_dataset(paths[0]) else []
             return DuckDBBackend(open_store(paths), readable=dataset)
-    if paths:
+    if paths or store is not None:
         raise UsageError("give either trace paths or --backend URL, not both")
     from kvaudit.backends.clickhouse import connect  # its clients load only when asked for
 
     return connect(url)
+
+
+def _kept(tables: object) -> None:
+    """A read's rows are in the store: none is kept for the refresh's return as well."""
 
 
 def warn_backend_read_errors(backend: Backend) -> None:

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.analyse.audit import run_audit
     from kvaudit.present.findings import write_json, write_table
 
-    with open_backend(args.backend, args.paths) as backend:
+    with open_backend(args.backend, args.paths, store=args.store) as backend:
         require_spans(backend)
         findings = _by_day(args, backend) if args.by_day else run_audit(backend, skew_s=args.skew)
     if findings is None:

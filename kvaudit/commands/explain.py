@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = load_model(args.model) if args.model else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    with open_backend(args.backend, paths) as backend:
+    with open_backend(args.backend, paths, store=args.store) as backend:
         warn_backend_read_errors(backend)
         explanations = explain(backend, request_id, replica=args.replica, trace_id=args.trace_id)
         if not explanations:

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.analyse_every is not None and args.analyse_every < 0:
         raise UsageError("--analyse-every: not a number of seconds")
     # Nothing is read before it listens: it serves what it has read so far, and says how far behind it is.
-    backend = open_backend(args.backend, args.paths, live=True)
+    backend = open_backend(args.backend, args.paths, store=args.store, live=True)
     with user_files():  # the address and port asked for
         _, port = serve(
             backend,

@@ -8,12 +8,16 @@ and a span it holds already is not added again (`kvaudit.read.span_identity`).
 from __future__ import annotations
 
 import argparse
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvaudit.commands import SUMMARIES
 from kvaudit.commands.arguments import UsageError, command_parser
-from kvaudit.errors import InputError, user_files
+from kvaudit.errors import user_files
+
+if TYPE_CHECKING:
+    from kvaudit.read.columns import Tables
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,43 +45,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+@dataclass
+class _Tally:
+    """What an ingest added, counted as each part of the read is taken in (none of its rows kept)."""
+
+    pages: int = 0
+    spans: int = 0
+    errors: list[tuple[str, int, str]] = field(default_factory=list)  # (file, line, reason)
+
+    def take(self, tables: Tables) -> None:
+        self.pages += tables.pages.num_rows
+        self.spans += tables.spans.num_rows
+        self.errors.extend((row["file"], row["line"], row["reason"]) for row in tables.errors.to_pylist())
+
+
 def run(args: argparse.Namespace) -> int:
-    import duckdb
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from kvaudit.present.rows import warn_read_errors
     from kvaudit.read import parquet
     from kvaudit.read.open import open_parquet
     from kvaudit.read.store import TraceStore
+    from kvaudit.read.store_file import open_bounded_store, warn_unterminated
 
     if args.output is not None and not args.output.endswith(".duckdb"):
         raise UsageError(f"{args.output}: the output name must end in .duckdb")
     with user_files():
         if args.output is not None:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        # Each file is read from where an earlier ingest into the same place stopped.
-        try:
-            store = TraceStore(args.paths, args.output)
-        except duckdb.Error as exc:  # a database another process holds, or not DuckDB's
-            raise InputError(f"{args.output}: {str(exc).splitlines()[0]}") from None
-        if args.parquet is not None:
+    # Each file is read from where an earlier ingest into the same place stopped.
+    if args.output is not None:
+        store = open_bounded_store(args.paths, args.output, live=False)
+    else:
+        store = TraceStore(args.paths)
+        with user_files():
             store.cursors = parquet.read_positions(args.parquet)
             parquet.remember_spans(args.parquet, store.identities)
+    tally = _Tally()
     columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("ingest", total=store.pending_bytes())
         # Complete lines only: a writer may be in the middle of the last one, which the next
         # ingest reads once it is whole (read now, it would be lost as two broken halves).
-        tables = store.refresh(final=False, progress=lambda n: progress.advance(task, n))
-    warn_read_errors([(row["file"], row["line"], row["reason"]) for row in tables.errors.to_pylist()])
-    for cursor in store.cursors.files.values():
-        if not cursor.whole and cursor.not_json is None:
-            print(
-                f"kvaudit ingest: {cursor.path} ends in an unterminated line: left for the next ingest", file=sys.stderr
-            )
+        store.refresh(final=False, progress=lambda n: progress.advance(task, n), added=tally.take)
+    warn_read_errors(tally.errors)
+    warn_unterminated(store, "ingest")
     if args.parquet is not None:
-        added = sum(table.num_rows for table in tables.by_name().values())
-        if added or not parquet.is_dataset(args.parquet):
+        if tally.pages or tally.spans or tally.errors or not parquet.is_dataset(args.parquet):
             parquet.write(store, args.parquet)
         parquet.write_positions(args.parquet, store.cursors)
         if store.identities.forgot:
@@ -90,6 +104,6 @@ def run(args: argparse.Namespace) -> int:
     store.close()
     print(
         f"{args.output or args.parquet}: {pages} page descriptors, {spans} spans"
-        f" (+{tables.pages.num_rows} and +{tables.spans.num_rows} now), {errors} unreadable lines"
+        f" (+{tally.pages} and +{tally.spans} now), {errors} unreadable lines"
     )
     return 0

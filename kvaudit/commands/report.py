@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         from kvaudit.present.report_html import write_html
 
         writable_file(args.html)
-    with open_backend(args.backend, args.paths) as backend:
+    with open_backend(args.backend, args.paths, store=args.store) as backend:
         require_spans(backend)
         report = gather(backend, skew_s=args.skew, bucket_s=args.bucket, sample_rate=args.sample_rate)
     if args.format == "json":

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         taken = ", ".join(sorted(name.removeprefix("kvaudit_") for name in variables_read(query))) or "none"
         named = ", ".join(name.removeprefix("kvaudit_") for name in unknown)
         raise UsageError(f"--param {named}: the query has no such parameter (it takes: {taken})")
-    with open_backend(args.backend, paths) as backend:
+    with open_backend(args.backend, paths, store=args.store) as backend:
         warn_backend_read_errors(backend)
         columns, rows = backend.query(query, values)
     write_rows(columns, rows, args.format, limit=row_limit(args))

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             paths, watching = args.paths, " ".join(args.paths) or args.backend
         # A live view reads in the app's worker thread, one decoding thread beside the screen's,
         # and the app shows before a long first read ends; a snapshot reads whole, at once.
-        backend = open_backend(args.backend, paths, live=not args.snapshot, workers=1)
+        backend = open_backend(args.backend, paths, store=args.store, live=not args.snapshot, workers=1)
         if not args.snapshot and not sys.stdout.isatty():
             # Textual would draw its screen into a file or a pipe until killed.
             backend.close()

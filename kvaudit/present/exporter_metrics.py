@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends import Backend
+from kvaudit.backends.duckdb_backend import Tables
 from kvaudit.causes import MISSES
 from kvaudit.present.exporter_counts import LATENCY_BUCKETS_S, ExporterCounts
 
@@ -132,6 +133,18 @@ class _Analysis:
     reuse: list[tuple[object, ...]] = field(default_factory=list)
 
 
+@dataclass
+class _Arrived:
+    """One read's rows, added to the counters part by part, and counted."""
+
+    counts: ExporterCounts
+    rows: int = 0
+
+    def add(self, tables: Tables) -> None:
+        self.rows += sum(table.num_rows for table in tables.by_name().values())
+        self.counts.add(tables)
+
+
 class TraceMetrics(Collector):
     """A prometheus_client collector that serves the last figures; threads of its own make them.
 
@@ -209,13 +222,13 @@ class TraceMetrics(Collector):
                 behind = max(behind - n, 0)
                 self._behind = behind
 
+            arrived = _Arrived(self._counts)
             self._reading = True
             try:
-                added = self.backend.refresh(final=False, added=self._counts.add, progress=progress)
-                added_rows = added is not None and any(t.num_rows for t in added.by_name().values())
+                self.backend.refresh(final=False, added=arrived.add, progress=progress)
             except Exception:  # the exporter serves on; the next read tries again
                 logger.exception("kvaudit exporter: reading the traces failed")
-                added_rows = False
+            added_rows = arrived.rows > 0
             self._behind = self.backend.behind_bytes()
             self._arrive(added_rows)
             if not added_rows:

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Final
 
 import duckdb
 import pyarrow as pa
 
 from kvaudit.read.columns import TABLES
+
+# Rows a transaction takes before it is committed: DuckDB holds a transaction's rows in
+# memory until its commit, so a refresh of a long history commits as it goes, to read
+# any history in the same memory.
+COMMIT_ROWS: Final = 262_144
 
 
 class DatabaseTables:
@@ -21,6 +27,7 @@ class DatabaseTables:
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self._con = con
+        self.uncommitted = 0  # rows inserted since the last commit
         for name, schema in TABLES.items():
             con.register("_empty", schema.empty_table())
             con.execute(f"CREATE TABLE IF NOT EXISTS {name} AS SELECT * FROM _empty")
@@ -51,3 +58,10 @@ class DatabaseTables:
                 self._con.register("_batch", table)
                 self._con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
                 self._con.unregister("_batch")
+                self.uncommitted += table.num_rows
+
+    def commit(self) -> None:
+        """Commit the batch's rows so far and go on in a new transaction (see `COMMIT_ROWS`)."""
+        self._con.execute("COMMIT")
+        self._con.execute("BEGIN TRANSACTION")
+        self.uncommitted = 0

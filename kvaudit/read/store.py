@@ -15,6 +15,7 @@ The columns of each view are in docs/design.md section 3.9 (absent attributes ar
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol
@@ -26,7 +27,7 @@ from kvaudit.errors import InternalError
 from kvaudit.read import positions
 from kvaudit.read.arrow_tables import ArrowTables
 from kvaudit.read.columns import DUCKDB_TYPE, TABLES, Tables
-from kvaudit.read.database_tables import DatabaseTables
+from kvaudit.read.database_tables import COMMIT_ROWS, DatabaseTables
 from kvaudit.read.files import Cursors, expand_paths, pending_bytes
 from kvaudit.read.reader import read_files
 from kvaudit.read.span_identity import FirstSeen
@@ -82,9 +83,18 @@ class TraceStore:
     Args:
         paths: trace files, directories and globs (see `files.expand_paths`); new files
             matching them are picked up by `refresh()`.
-        database: a DuckDB database to insert the rows into (a file, or `:memory:` for a
-            live store); None holds them as Arrow (see the module's docstring).
+        database: a DuckDB database to insert the rows into (a file, or `:memory:`); None
+            holds them as Arrow (see the module's docstring).
         workers: decoding threads (default: one per CPU).
+        live: refreshed again and again (a live view): the views keep one row per span
+            identity as soon as the store forgets one, where a look at its span ids would
+            cost every refresh. A store in memory is live.
+        memory_limit: bytes DuckDB may hold in memory, rows and queries (the rest of a
+            database file's rows stay in it, the rest of `:memory:`'s are spilled to
+            `spill`); None: DuckDB's default (most of the machine's memory).
+        spill: a directory of its own for what DuckDB spills past `memory_limit`, removed
+            by `close()`; None: DuckDB's default (`.tmp` beside a database file, or in the
+            working directory).
 
     Raises:
         FileNotFoundError: a path matches nothing.
@@ -97,12 +107,21 @@ class TraceStore:
         database: str | None = None,
         *,
         workers: int | None = None,
+        live: bool = False,
+        memory_limit: int | None = None,
+        spill: tempfile.TemporaryDirectory[str] | None = None,
     ) -> None:
-        con = duckdb.connect(database or ":memory:", config={"storage_compatibility_version": INGESTED_STORAGE})
+        config = {"storage_compatibility_version": INGESTED_STORAGE}
+        if memory_limit is not None:
+            config["memory_limit"] = f"{memory_limit}B"
+        if spill is not None:
+            config["temp_directory"] = spill.name
+        con = duckdb.connect(database or ":memory:", config=config)
         self._connect(con, ArrowTables(TABLES) if database is None else DatabaseTables(con))
         self.paths = [str(p) for p in paths]
         self._workers = workers
         self._kept = database not in (None, ":memory:")  # positions kept in the database
+        self._spill = spill
         self.cursors = Cursors()
         self.identities = FirstSeen()
         if self._kept:
@@ -110,8 +129,8 @@ class TraceStore:
             con.execute(f"CREATE TABLE IF NOT EXISTS {positions.TABLE} ({columns}, PRIMARY KEY (device, inode))")
             self.cursors = positions.cursors_of(self.arrow(f"SELECT * FROM {positions.TABLE}"))
             self.identities.remember_latest(con, "kv_spans")
-        # A live store in memory cannot look at its span ids at every refresh; the others can, once.
-        self._looks_for_repeats = database != ":memory:"
+        # A live store cannot look at its span ids at every refresh; the others can, once.
+        self._looks_for_repeats = not live and database != ":memory:"
         self._one_per_identity = self.identities.forgot and (not self._looks_for_repeats or self._holds_repeats())
         create_views(self.con, one_per_identity=self._one_per_identity)
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
@@ -123,6 +142,7 @@ class TraceStore:
         store._connect(con, None)
         store.paths, store._workers, store._kept, store.cursors = [], None, False, Cursors()
         store.identities, store._one_per_identity, store._looks_for_repeats = FirstSeen(), True, False
+        store._spill = None
         return store
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
@@ -165,30 +185,33 @@ class TraceStore:
         final: bool = True,
         progress: Callable[[int], None] | None = None,
         added: Callable[[Tables], None] | None = None,
-    ) -> Tables:
+    ) -> Tables | None:
         """Read what was appended to the files since the last refresh.
 
         Args:
             final: also read an unterminated last line (see `reader.read_files`).
             progress: called with the bytes of each decoded range.
             added: called with the rows each decoded range added, as soon as they are in
-                the store (a live figure adds them up: `kvaudit exporter`).
+                the store (a live figure adds them up: `kvaudit exporter`); they are not
+                kept for the return as well, so a refresh of any size holds one range's rows.
 
         Returns:
-            The rows added by this refresh (a span read before is not among them).
+            The rows added by this refresh (a span read before is not among them); None
+            where `added` took them.
         """
         if not self.paths or self._rows is None:
-            return Tables.concat([])
+            return None if added else Tables.concat([])
         with self._rows.batch():
             try:
-                return read_files(
+                tables = read_files(
                     expand_paths(self.paths, missing_ok=True),  # a file named may be between rotations
                     self.cursors,
                     final=final,
                     workers=self._workers,
                     progress=progress,
-                    sink=self.append if added is None else lambda tables: _told(added, self.append(tables)),
+                    sink=self.append if added is None else lambda tables: _handed(added, self.append(tables)),
                 )
+                return None if added else tables
             finally:
                 if self._kept:  # in the transaction of the rows read: both or neither
                     self._keep_positions()
@@ -217,6 +240,12 @@ class TraceStore:
         if self._rows is None:
             raise InternalError("this store reads an ingested database or Parquet: it takes no rows")
         tables = self.identities.keep(tables)
+        if isinstance(self._rows, DatabaseTables) and self._rows.uncommitted >= COMMIT_ROWS:
+            # The cursors stand where the rows so far end (a range's cursor moves once its rows
+            # are in): committed together, what was read stays read and nothing twice.
+            if self._kept:
+                self._keep_positions()
+            self._rows.commit()
         self._rows.append(tables.by_name())
         if not self._looks_for_repeats:  # the others look once their refresh ends
             self._views_for_repeats()
@@ -263,11 +292,17 @@ class TraceStore:
 
     def close(self) -> None:
         self._con.close()
+        if self._spill is not None:
+            self._spill.cleanup()
 
 
-def _told(added: Callable[[Tables], None], tables: Tables) -> Tables:
+def _handed(added: Callable[[Tables], None], tables: Tables) -> Tables:
+    """Hand a range's rows to `added` and keep none of them for the refresh's return."""
     added(tables)
-    return tables
+    return _NONE
+
+
+_NONE: Final = Tables.concat([])
 
 
 def create_views(con: duckdb.DuckDBPyConnection, *, one_per_identity: bool = True) -> None:

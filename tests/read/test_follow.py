@@ -153,7 +153,7 @@ def test_ingest_twice_is_ingest_once_and_then_only_what_is_new(
     assert ingest() == (9, 1)
     append(r1, [lines[9][:100]])  # a writer in the middle of a line
     assert ingest() == (9, 1)
-    assert "r1.jsonl ends in an unterminated line: left for the next ingest" in capsys.readouterr().err
+    assert "r1.jsonl ends in an unterminated line: left for the next read" in capsys.readouterr().err
     append(r1, [lines[9][100:]])
     assert ingest() == (10, 1)  # the whole line, once it is whole
 

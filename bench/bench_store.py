@@ -1,0 +1,112 @@
+"""`kvaudit explain` over a fleet's raw trace directory through `--store`: what arrived since the last look.
+
+Goal (issue 50): `explain` on a fleet's raw trace directory in under 2 s at 10M page rows,
+each command costing what arrived since the last one, not the history. Each figure is
+the command a person runs, in a process of its own (wall time and peak memory): the
+first `explain --store` (it reads the whole history into the store: `ingest`'s cost),
+the next with nothing new, the next after a replica's file grew by about 1%; the
+baseline, in the same run, is `explain` over the files themselves (read whole each time).
+
+The traces are one simulated fleet's, copied until they hold the rows asked for: each
+copy with trace ids, request ids and page keys of its own, so that every copy's
+requests explain as the run's did.
+
+Sizes: KVAUDIT_BENCH_STORE_PAGES (default 10,000,000 page rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+from bench.common import env_int, machine, smoke
+from kvaudit.read.open import open_store
+from kvaudit.simulator.engine import GIB, SimConfig, simulate
+
+FLEET: Final = SimConfig(replicas=4, pool_bytes=64 * GIB, local_bytes=32 * GIB, router="random", rate=0.5)
+SIM_SECONDS: Final = 20 if smoke() else 120
+PAGES: Final = env_int("KVAUDIT_BENCH_STORE_PAGES", 10_000_000, 2_000)
+_TRACE_ID: Final = re.compile(rb'"traceId":"[0-9a-f]{4}')
+_NAMED: Final = re.compile(rb'("kvaudit\.(?:request\.id|page\.key)","value":\{"stringValue":")([^"]*)"')
+
+
+def _copy(text: bytes, copy: int) -> bytes:
+    """The run's lines as another copy's: its own trace ids, request ids and page keys."""
+    if not copy:
+        return text
+    text = _TRACE_ID.sub(b'"traceId":"' + f"{copy:04x}".encode(), text)
+    return _NAMED.sub(lambda m: m.group(1) + m.group(2) + f".{copy}".encode() + b'"', text)
+
+
+def _fleet(directory: Path) -> tuple[Path, list[Path], int, str]:
+    """Trace files of about PAGES page rows; the base run's files, the copies made, and a request that fetched."""
+    base = simulate(dataclasses.replace(FLEET, duration_s=SIM_SECONDS), directory / "sim")
+    store = open_store([str(f) for f in base.files])
+    [(base_pages,)] = store.query("SELECT count(*) FROM pages")[1]
+    [(request,)] = store.query("SELECT request_id FROM pages WHERE op = 'fetch' ORDER BY time_ns LIMIT 1")[1]
+    store.close()
+    copies = max(1, round(PAGES / base_pages))
+    traces = directory / "traces"
+    traces.mkdir()
+    for path in base.files:
+        text = path.read_bytes()
+        with (traces / path.name).open("wb") as out:
+            for copy in range(copies):
+                out.write(_copy(text, copy))
+    return traces, list(base.files), copies, f"{request}.{copies // 2}" if copies > 1 else request
+
+
+def _run(command: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak memory (MiB) of a kvaudit command in a process of its own."""
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "kvaudit", *command], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise SystemExit(f"kvaudit {' '.join(command)}: exit status {child.returncode}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    print(machine())
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        traces, base_files, copies, request = _fleet(directory)
+        size = sum(f.stat().st_size for f in traces.iterdir())
+        store = str(directory / "store.duckdb")
+        with_store = ["explain", "--store", store, str(traces), request, "--format", "json"]
+        print(f"{copies} copies of a {SIM_SECONDS} s run of 4 replicas: {size / 2**20:,.0f} MiB of traces")
+        first = _run(with_store)
+        print(f"explain --store, first (reads the history into the store): {first[0]:.1f} s, {first[1]:,.0f} MiB peak")
+        rows = open_store([store])
+        [(pages,)] = rows.query("SELECT count(*) FROM pages")[1]
+        rows.close()
+        print(f"store: {pages:,} page rows, {Path(store).stat().st_size / 2**20:,.0f} MiB on disk")
+        again = _run(with_store)
+        print(f"explain --store, nothing new: {again[0]:.2f} s, {again[1]:,.0f} MiB peak")
+        grown = traces / base_files[0].name
+        added = _copy(base_files[0].read_bytes(), copies)
+        with grown.open("ab") as out:
+            out.write(added)
+        after = _run(with_store)
+        print(
+            f"explain --store, after {len(added) / 2**20:,.1f} MiB more ({len(added) / size:.1%}):"
+            f" {after[0]:.2f} s, {after[1]:,.0f} MiB peak"
+        )
+        whole = _run(["explain", str(traces), request, "--format", "json"])
+        print(
+            f"baseline, explain over the files read whole, same run: {whole[0]:.1f} s, {whole[1]:,.0f} MiB peak"
+            f" ({whole[0] / again[0]:,.0f}x / {whole[0] / after[0]:,.0f}x the store's)"
+        )
+
+
+if __name__ == "__main__":
+    main()

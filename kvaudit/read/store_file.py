@@ -1,0 +1,70 @@
+"""Stores whose memory does not grow with the history they read.
+
+A store in memory grows with the history it reads, and a command over trace files reads
+them whole every time. The stores here do neither:
+
+- **`--store FILE`** (every command over trace files): the rows read are kept in a DuckDB
+  database file with how far each file was read (`kvaudit.read.positions`, as `kvaudit
+  ingest` keeps them), so the next command given FILE reads only what was appended since.
+  `explain` over a fleet's directory then costs what arrived since the last look, not the
+  history (docs/design.md section 3.9).
+- **A live command given none** (`exporter`, `alerts watch`, the TUI) keeps its rows in
+  DuckDB's memory and spills what is past the budget to a temporary directory of its own,
+  removed when it ends.
+
+Either way DuckDB holds at most `MEMORY_BYTES` in memory, and a refresh commits as it goes
+(`database_tables.COMMIT_ROWS`): a read of any length takes the same memory
+(docs/operations.md, "Memory"). One process holds a store file at a time (DuckDB's lock):
+another given the same file is refused, naming the process that holds it.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Final
+
+import duckdb
+
+from kvaudit.errors import InputError, user_files
+from kvaudit.read.store import TraceStore
+
+# What DuckDB may hold in memory of such a store (its buffer pool: rows, and what a query
+# works on; past it, rows stay in the file or are spilled, and so is what a query works on).
+MEMORY_BYTES: Final = 256 << 20
+
+
+def open_bounded_store(
+    paths: Sequence[str], database: str | None, *, live: bool, workers: int | None = None
+) -> TraceStore:
+    """A store over trace paths in `database` (a `.duckdb` file, made if absent), or in memory
+    spilling past `MEMORY_BYTES` where `database` is None (then live whatever `live` says);
+    nothing read yet (see `TraceStore.refresh`).
+
+    Raises:
+        InputError: the file is held by another process, or is no DuckDB database.
+        FileNotFoundError: a path matches nothing.
+    """
+    if database is None:
+        spill = tempfile.TemporaryDirectory(prefix="kvaudit-store-")
+        try:
+            return TraceStore(paths, ":memory:", workers=workers, live=True, memory_limit=MEMORY_BYTES, spill=spill)
+        except BaseException:
+            spill.cleanup()
+            raise
+    with user_files():
+        try:
+            return TraceStore(paths, database, workers=workers, live=live, memory_limit=MEMORY_BYTES)
+        except duckdb.Error as exc:  # held by another process ("Conflicting lock ... (PID n)"), or not DuckDB's
+            raise InputError(f"{database}: {str(exc).splitlines()[0]}") from None
+
+
+def warn_unterminated(store: TraceStore, command: str) -> None:
+    """Name on stderr each file whose last line is not whole yet: a store file reads it once it is."""
+    for cursor in store.cursors.files.values():
+        if not cursor.whole and cursor.not_json is None:
+            print(
+                f"kvaudit {command}: {cursor.path} ends in an unterminated line: left for the next read",
+                file=sys.stderr,
+            )
