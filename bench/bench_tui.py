@@ -1,4 +1,4 @@
-"""The TUI's refresh with a million page descriptors loaded: goal under 250 ms.
+"""The TUI's refresh with a million page descriptors loaded (KVAUDIT_BENCH_TUI_PAGES): goal under 250 ms.
 
 One refresh is what the app does every second: read what was appended to the trace
 files (here one new line) and recompute every panel's figures over the window. The
@@ -17,18 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from bench.common import sized
+from bench.common import env_int, sized
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Emitter
 from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
+from kvaudit.read.store_file import open_bounded_store
 from kvaudit.tui.figures import Analysis, compute_figures
 from kvaudit.tui.findings import auditor as make_auditor
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import WINDOWS
 
-PAGES: Final = sized(1_000_000, 10_000)
+PAGES: Final = env_int("KVAUDIT_BENCH_TUI_PAGES", 1_000_000, 10_000)
 PAGES_PER_SPAN: Final = 32
 REPLICAS: Final = 4
 HOUR_NS: Final = 3600 * 10**9
@@ -81,7 +82,7 @@ def main() -> None:
         live = Path(tmp) / "live.jsonl"
         emitter = setup_emitter("r9", f"file:{live}", engine="vllm", kv=KVConfig(model="google/gemma-2-27b"))
         _emit(emitter, 0)
-        store = TraceStore([live], ":memory:", workers=1)  # as `kvaudit tui` makes a live one
+        store = open_bounded_store([live], None, workers=1)  # as `kvaudit tui` makes a live one
         started = time.perf_counter()
         for statement in _GENERATE:
             params = {"pages": PAGES, "spans": PAGES // PAGES_PER_SPAN}

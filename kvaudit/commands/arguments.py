@@ -160,9 +160,9 @@ def open_backend(
             raise UsageError("--store keeps what is read of trace files: give trace files, not a database or dataset")
         with user_files():
             if live and is_trace_files(paths):
-                return DuckDBBackend(open_bounded_store(paths, store, live=True, workers=workers))
+                return DuckDBBackend(open_bounded_store(paths, store, workers=workers))
             if store is not None:
-                kept = open_bounded_store(paths, store, live=False, workers=workers)
+                kept = open_bounded_store(paths, store, workers=workers)
                 # Whole lines only: a writer may be in the middle of the last one (read later, whole).
                 kept.refresh(final=False, added=_kept)
                 warn_unterminated(kept, "store")

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     # Each file is read from where an earlier ingest into the same place stopped.
     if args.output is not None:
-        store = open_bounded_store(args.paths, args.output, live=False)
+        store = open_bounded_store(args.paths, args.output)
     else:
         store = TraceStore(args.paths)
         with user_files():

@@ -30,7 +30,7 @@ from kvaudit.read.columns import DUCKDB_TYPE, TABLES, Tables
 from kvaudit.read.database_tables import COMMIT_ROWS, DatabaseTables
 from kvaudit.read.files import Cursors, expand_paths, pending_bytes
 from kvaudit.read.reader import read_files
-from kvaudit.read.span_identity import FirstSeen
+from kvaudit.read.span_identity import FirstSeen, StoredIdentities
 
 _VIEWS: Final = {
     "spans": """
@@ -78,7 +78,7 @@ class TraceStore:
     rows (`positions`), so a store over the same files reads only what is new.
 
     A span read again (same trace id and span id) is dropped as it is read
-    (`span_identity`); a database's spans are taken as read when it is opened.
+    (`span_identity`): by the identities kept in the database, for a store in one.
 
     Args:
         paths: trace files, directories and globs (see `files.expand_paths`); new files
@@ -86,9 +86,6 @@ class TraceStore:
         database: a DuckDB database to insert the rows into (a file, or `:memory:`); None
             holds them as Arrow (see the module's docstring).
         workers: decoding threads (default: one per CPU).
-        live: refreshed again and again (a live view): the views keep one row per span
-            identity as soon as the store forgets one, where a look at its span ids would
-            cost every refresh. A store in memory is live.
         memory_limit: bytes DuckDB may hold in memory, rows and queries (the rest of a
             database file's rows stay in it, the rest of `:memory:`'s are spilled to
             `spill`); None: DuckDB's default (most of the machine's memory).
@@ -107,7 +104,6 @@ class TraceStore:
         database: str | None = None,
         *,
         workers: int | None = None,
-        live: bool = False,
         memory_limit: int | None = None,
         spill: tempfile.TemporaryDirectory[str] | None = None,
     ) -> None:
@@ -123,15 +119,18 @@ class TraceStore:
         self._kept = database not in (None, ":memory:")  # positions kept in the database
         self._spill = spill
         self.cursors = Cursors()
-        self.identities = FirstSeen()
+        self.identities: FirstSeen | StoredIdentities = FirstSeen()
+        self._one_per_identity = False
+        if database is not None:
+            stored = StoredIdentities(con)
+            # A database that holds a span twice: written before its identities were kept
+            # (found now), or so found then (its views say so).
+            self._one_per_identity = stored.held_repeats or _views_keep_one_per_identity(con)
+            self.identities = stored
         if self._kept:
             columns = ", ".join(f'"{f.name}" {DUCKDB_TYPE[f.type]}' for f in positions.SCHEMA)
             con.execute(f"CREATE TABLE IF NOT EXISTS {positions.TABLE} ({columns}, PRIMARY KEY (device, inode))")
             self.cursors = positions.cursors_of(self.arrow(f"SELECT * FROM {positions.TABLE}"))
-            self.identities.remember_latest(con, "kv_spans")
-        # A live store cannot look at its span ids at every refresh; the others can, once.
-        self._looks_for_repeats = not live and database != ":memory:"
-        self._one_per_identity = self.identities.forgot and (not self._looks_for_repeats or self._holds_repeats())
         create_views(self.con, one_per_identity=self._one_per_identity)
         expand_paths(self.paths)  # fail early, with the path, when one names nothing
 
@@ -141,7 +140,7 @@ class TraceStore:
         store = cls.__new__(cls)
         store._connect(con, None)
         store.paths, store._workers, store._kept, store.cursors = [], None, False, Cursors()
-        store.identities, store._one_per_identity, store._looks_for_repeats = FirstSeen(), True, False
+        store.identities, store._one_per_identity = FirstSeen(), True
         store._spill = None
         return store
 
@@ -215,8 +214,7 @@ class TraceStore:
             finally:
                 if self._kept:  # in the transaction of the rows read: both or neither
                     self._keep_positions()
-                if self._looks_for_repeats:
-                    self._views_for_repeats()
+                self._views_for_repeats()
 
     def _keep_positions(self) -> None:
         self._con.register("_positions", positions.table_of(self.cursors))
@@ -239,31 +237,25 @@ class TraceStore:
         """
         if self._rows is None:
             raise InternalError("this store reads an ingested database or Parquet: it takes no rows")
-        tables = self.identities.keep(tables)
         if isinstance(self._rows, DatabaseTables) and self._rows.uncommitted >= COMMIT_ROWS:
             # The cursors stand where the rows so far end (a range's cursor moves once its rows
-            # are in): committed together, what was read stays read and nothing twice.
+            # are in), and so do the identities: committed together, before these rows' are
+            # kept, what was read stays read and nothing twice.
             if self._kept:
                 self._keep_positions()
             self._rows.commit()
+        tables = self.identities.keep(tables)
         self._rows.append(tables.by_name())
-        if not self._looks_for_repeats:  # the others look once their refresh ends
-            self._views_for_repeats()
         return tables
 
     def _views_for_repeats(self) -> None:
-        """Views that keep one row per span identity, once the store may hold a repeat it forgot.
+        """Views that keep one row per span identity, once rows held as Arrow may hold a repeat
+        their bounded set of identities forgot (a database's store forgets none).
 
-        A database file (`kvaudit ingest`'s) or rows held as Arrow (read once, queried after)
-        are asked whether they do: a look at their span ids costs one pass over them once a
-        refresh ends, where the window would cost every query. A live store in memory, refreshed
-        again and again, takes the window as soon as it forgets.
+        The rows are asked whether they do: a look at their span ids costs one pass over them
+        once a refresh ends, where the window would cost every query.
         """
-        if (
-            self.identities.forgot
-            and not self._one_per_identity
-            and (not self._looks_for_repeats or self._holds_repeats())
-        ):
+        if self.identities.forgot and not self._one_per_identity and self._holds_repeats():
             self._one_per_identity = True
             create_views(self.con, one_per_identity=True)
 
@@ -303,6 +295,15 @@ def _handed(added: Callable[[Tables], None], tables: Tables) -> Tables:
 
 
 _NONE: Final = Tables.concat([])
+
+
+def _views_keep_one_per_identity(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the database's `spans` view, as a store over it last made it, keeps one row per identity."""
+    [(found,)] = con.execute(
+        "SELECT count(*) FROM duckdb_views() WHERE view_name = 'spans' AND database_name = current_database()"
+        " AND sql LIKE '%QUALIFY%'"
+    ).fetchall()
+    return bool(found)
 
 
 def create_views(con: duckdb.DuckDBPyConnection, *, one_per_identity: bool = True) -> None:

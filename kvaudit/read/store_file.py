@@ -35,12 +35,10 @@ from kvaudit.read.store import TraceStore
 MEMORY_BYTES: Final = 256 << 20
 
 
-def open_bounded_store(
-    paths: Sequence[str], database: str | None, *, live: bool, workers: int | None = None
-) -> TraceStore:
+def open_bounded_store(paths: Sequence[str], database: str | None, *, workers: int | None = None) -> TraceStore:
     """A store over trace paths in `database` (a `.duckdb` file, made if absent), or in memory
-    spilling past `MEMORY_BYTES` where `database` is None (then live whatever `live` says);
-    nothing read yet (see `TraceStore.refresh`).
+    spilling past `MEMORY_BYTES` where `database` is None (a live command's); nothing read
+    yet (see `TraceStore.refresh`).
 
     Raises:
         InputError: the file is held by another process, or is no DuckDB database.
@@ -49,13 +47,13 @@ def open_bounded_store(
     if database is None:
         spill = tempfile.TemporaryDirectory(prefix="kvaudit-store-")
         try:
-            return TraceStore(paths, ":memory:", workers=workers, live=True, memory_limit=MEMORY_BYTES, spill=spill)
+            return TraceStore(paths, ":memory:", workers=workers, memory_limit=MEMORY_BYTES, spill=spill)
         except BaseException:
             spill.cleanup()
             raise
     with user_files():
         try:
-            return TraceStore(paths, database, workers=workers, live=live, memory_limit=MEMORY_BYTES)
+            return TraceStore(paths, database, workers=workers, memory_limit=MEMORY_BYTES)
         except duckdb.Error as exc:  # held by another process ("Conflicting lock ... (PID n)"), or not DuckDB's
             raise InputError(f"{database}: {str(exc).splitlines()[0]}") from None
 

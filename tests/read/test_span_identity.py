@@ -54,16 +54,20 @@ def test_a_file_collected_twice_adds_nothing(tmp_path: Path) -> None:
 def test_a_repeat_past_what_is_remembered_is_kept_once_by_the_views(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Rows held as Arrow remember a bounded set of identities; a store in a database forgets none."""
     monkeypatch.setattr(span_identity, "REMEMBERED", 2)
     (tmp_path / "r1.jsonl").write_bytes(b"".join(good_lines(LINES)))
     (tmp_path / "r1-copy.jsonl").write_bytes(b"".join(good_lines(LINES)))
     for database in (None, ":memory:", str(tmp_path / "traces.duckdb")):
         store = TraceStore([tmp_path / "r1.jsonl", tmp_path / "r1-copy.jsonl"], database)
         store.refresh()
-        assert store.identities.forgot
+        assert store.identities.forgot == (database is None)
+        assert store.identities.repeats == (0 if database is None else LINES)  # dropped as read
         assert _counts(store) == (LINES, LINES, LINES)
         _, files = store.query("SELECT DISTINCT file FROM pages")
         assert len(files) == 1  # the pages of one copy of each span: here, of the first file by name
+        _, [(view,)] = store.query("SELECT sql FROM duckdb_views() WHERE view_name = 'pages'")
+        assert ("QUALIFY" in view) == (database is None)
         store.close()
     # More spans than are remembered, none twice: rows read once and queried after need no window.
     store = TraceStore([tmp_path / "r1.jsonl"])
@@ -73,32 +77,38 @@ def test_a_repeat_past_what_is_remembered_is_kept_once_by_the_views(
     assert "QUALIFY" not in view
 
 
-def test_ingest_takes_the_database_spans_as_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ingest_takes_the_database_spans_as_read(tmp_path: Path) -> None:
     traces, database = tmp_path / "traces", str(tmp_path / "traces.duckdb")
     traces.mkdir()
     (traces / "r1.jsonl").write_bytes(b"".join(good_lines(LINES)))
     TraceStore([traces], database).refresh(final=False)
-    shutil.copy(traces / "r1.jsonl", traces / "r1-collected-again.jsonl")
-    store = TraceStore([traces], database)
-    again = store.refresh(final=False)
-    assert (again.spans.num_rows, again.pages.num_rows) == (0, 0)
-    _, [(spans, pages)] = store.query("SELECT (SELECT count(*) FROM kv_spans), (SELECT count(*) FROM kv_pages)")
-    assert (spans, pages) == (LINES, LINES)
+    for again in ("r1-collected-again.jsonl", "r1-collected-a-third-time.jsonl"):
+        shutil.copy(traces / "r1.jsonl", traces / again)
+        store = TraceStore([traces], database)
+        added = store.refresh(final=False)
+        assert (added.spans.num_rows, added.pages.num_rows) == (0, 0)
+        _, [(spans, pages)] = store.query("SELECT (SELECT count(*) FROM kv_spans), (SELECT count(*) FROM kv_pages)")
+        assert (spans, pages) == (LINES, LINES)
+        store.close()
+    assert "QUALIFY" not in _pages_view(database)  # every identity is kept: nothing to look for
+
+
+def test_a_database_written_before_its_identities_were_kept(tmp_path: Path) -> None:
+    """Its identities come from its spans when it is first opened; a span it holds twice (an
+    older kvaudit let it in) is then kept once by its views, for good."""
+    (tmp_path / "r1.jsonl").write_bytes(b"".join(good_lines(LINES)))
+    database = str(tmp_path / "traces.duckdb")
+    store = TraceStore([tmp_path / "r1.jsonl"], database)
+    store.refresh()
+    store.con.execute("INSERT INTO kv_spans SELECT * FROM kv_spans WHERE line = 1")  # the older kvaudit's repeat
+    store.con.execute("INSERT INTO kv_pages SELECT * REPLACE (line + 100 AS line) FROM kv_pages WHERE line = 1")
+    store.con.execute(f"DROP TABLE {span_identity.StoredIdentities.TABLE}")
     store.close()
-    # More spans than are remembered, and none twice: the views need not look.
-    monkeypatch.setattr(span_identity, "REMEMBERED", 2)
-    TraceStore([traces], database).close()
-    assert "QUALIFY" not in _pages_view(database)
-    # A file collected again past what is remembered: its repeats are in, and the views keep one row per span.
-    shutil.copy(traces / "r1.jsonl", traces / "r1-collected-a-third-time.jsonl")
-    store = TraceStore([traces], database)
-    again = store.refresh(final=False)
-    assert (again.spans.num_rows, store.identities.forgot) == (LINES, True)  # the oldest were forgotten
-    store.close()
+    for _ in range(2):  # found when first opened; its views say so after
+        store = TraceStore([tmp_path / "r1.jsonl"], database)
+        assert _counts(store) == (LINES, LINES, LINES)
+        store.close()
     assert "QUALIFY" in _pages_view(database)
-    store = open_ingested(database)
-    assert _counts(store) == (LINES, LINES, LINES)
-    store.close()
 
 
 def _pages_view(database: str) -> str:
