@@ -24,6 +24,9 @@ SPARK_BUCKETS: Final = 24
 _QUERIES: Final = {
     name: load(name) for name in ("tui/replicas", "tui/reuse", "tui/reuse_joined", "tui/activity", "prevented")
 }
+# Over all the traces: pages prevention kept from replicas of another geometry, figured with
+# the analysis (it reads every store: not a refresh's cost).
+PREVENTED: Final = _QUERIES["prevented"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Analysis:
     alerts: tuple[AlertRow, ...] | None = None
     alerts_note: str = ""
     alerts_source: str = ""
+    prevented_pages: int = 0  # over all the traces (PREVENTED)
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,6 @@ class _Extent:
     latest_ns: int | None
     pages: int
     read_errors: int
-    prevented_pages: int
 
 
 def compute_figures(
@@ -128,7 +131,6 @@ def compute_figures(
             None,
             extent.pages,
             extent.read_errors,
-            prevented_pages=extent.prevented_pages,
             **_analysed(analysis, None),
         )
     since = window.since_ns(extent.earliest_ns, extent.latest_ns)
@@ -172,7 +174,6 @@ def compute_figures(
         extent.read_errors,
         replicas,
         reuse,
-        prevented_pages=extent.prevented_pages,
         **analysed,
     )
 
@@ -188,8 +189,7 @@ def _analysed(analysis: Analysis, since_ns: int | None) -> dict[str, Any]:
 def _extent(backend: Backend) -> _Extent:
     _, [(earliest, latest)] = backend.query("SELECT min(start_ns), max(end_ns) FROM spans WHERE op IS NOT NULL")
     _, [(pages, errors)] = backend.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")
-    [(prevented,)] = _rows(backend, "prevented")
-    return _Extent(earliest, latest, pages, errors, int(prevented))
+    return _Extent(earliest, latest, pages, errors)
 
 
 def _rows(backend: Backend, name: str, **params: int) -> Sequence[tuple[Any, ...]]:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kvaudit.analyse.audit import Finding
 from kvaudit.analyse.explain import Explanation, explain
 from kvaudit.backends import Source, as_backend
+from kvaudit.read.columns import Tables
 from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
-from kvaudit.tui.figures import Analysis, Figures, compute_figures
+from kvaudit.tui.figures import PREVENTED, Analysis, Figures, compute_figures
 from kvaudit.tui.findings import Auditor, FindingRow, finding_rows, span_times
 from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.reuse_left import LostRequest, lost_requests
@@ -86,6 +87,8 @@ class LiveSource:
         self._findings: Sequence[Finding] | None = None  # the auditor's latest, for the rules' `findings` view
         self._next_audit = 0.0
         self._next_alerting = 0.0
+        self._prevented_rows: int | None = None  # rows read when the prevented pages were counted
+        self._next_prevented = 0.0
         self._last: Figures | None = None  # the latest figures computed
         self._serial = 0  # of the latest figures computed (Figures.serial)
 
@@ -96,17 +99,15 @@ class LiveSource:
             final: also read an unterminated last line (a one-shot read, not a live one).
         """
         with self._lock:
-            tables = self.backend.refresh(final=final)
-            if tables is None:  # a backend that reads nothing itself: its queries see the newest data
+            if not self.backend.follows_files:  # a backend that reads nothing itself: its queries see the newest data
                 self._rows += 1  # (so each poll may bring news for the auditor)
                 self._read = True
                 return self._figures(window)
-            added = tables.spans.num_rows + tables.errors.num_rows
-            if added == 0 and self._last is not None and self._last.window == window.name:
+            arrived = _Arrived(self._producers)
+            self.backend.refresh(final=final, added=arrived.add)
+            if arrived.rows == 0 and self._last is not None and self._last.window == window.name:
                 return self._last  # nothing new: the same figures, without asking the backend again
-            if self._producers is not None:
-                self._producers.add(tables.pages)
-            self._rows += added
+            self._rows += arrived.rows
             self._read = True
             return self._figures(window)
 
@@ -140,12 +141,19 @@ class LiveSource:
             if self._alerting is not None and (force or findings is not None or self._clock() >= self._next_alerting):
                 alerts = self._alerting(self._audit_backend, self._findings)
                 self._next_alerting = self._clock() + self._audit_interval_s
+            prevented = None
+            if self._read and (force or (self._rows != self._prevented_rows and self._clock() >= self._next_prevented)):
+                self._prevented_rows = self._rows
+                [(prevented,)] = self._audit_backend.query(PREVENTED)[1]
+                self._next_prevented = self._clock() + self._audit_interval_s
             with self._lock:
                 analysis = self._analysis
                 if findings is not None:
                     analysis = replace(analysis, findings=findings, findings_note="", findings_pending=False)
                 if alerts is not None:
                     analysis = replace(analysis, alerts=alerts, alerts_note="")
+                if prevented is not None:
+                    analysis = replace(analysis, prevented_pages=int(prevented))
                 if analysis == self._analysis:
                     return None
                 self._analysis = analysis
@@ -190,6 +198,19 @@ class LiveSource:
         )
         self._last = replace(figures, serial=self._serial)
         return self._last
+
+
+@dataclass
+class _Arrived:
+    """One read's rows, each part's pages added to the producer index as it is taken in, and counted."""
+
+    producers: ProducerIndex | None
+    rows: int = 0  # spans and unreadable lines
+
+    def add(self, tables: Tables) -> None:
+        if self.producers is not None:
+            self.producers.add(tables.pages)
+        self.rows += tables.spans.num_rows + tables.errors.num_rows
 
 
 def snapshot(source: LiveSource, window: Window) -> dict[str, Any]:

@@ -47,3 +47,23 @@ def test_store_read_after_its_fetch_still_names_the_producer(fleet: Fleet, trace
     fleet.store("r1", "late-t1", [key])
     cells = {(c.producer, c.consumer) for c in source.poll(window_named("all")).reuse}
     assert cells == {("r1", "r2")}
+
+
+def test_the_pages_prevention_kept_apart_are_counted_by_the_analysis_not_each_refresh(fleet: Fleet, trace_dir: Path):
+    """A prevented key carries its geometry's tag (docs/design.md section 4.5): two geometries
+    storing the same tokens are one page prevention kept apart. Counting them reads every
+    store, so the analysis does, beside the audit; a refresh shows the last count."""
+    clock = [0.0]
+    tokens = "7a" * 32
+    fleet.store("r1", "p-t1", [f"{tokens}@kvaudit_geometry%aaaa"])
+    fleet.store("r2", "p-t2", [f"{tokens}@kvaudit_geometry%bbbb"])
+    source = LiveSource(TraceStore([trace_dir], workers=1), auditor=None, clock=lambda: clock[0])
+    assert source.poll(window_named("all")).prevented_pages == 0  # not counted yet
+    analysed = source.analyse(window_named("all"))
+    assert analysed is not None and analysed.prevented_pages == 1
+    fleet.store("r3", "p-t3", [f"{tokens}@kvaudit_geometry%cccc"])
+    assert source.poll(window_named("all")).prevented_pages == 1  # the last count, until the next analysis
+    assert source.analyse(window_named("all")) is None  # its interval has not passed
+    clock[0] += 5.0
+    analysed = source.analyse(window_named("all"))
+    assert analysed is not None and analysed.prevented_pages == 2
