@@ -1,7 +1,10 @@
 """`kvaudit explain` over a fleet's raw trace directory through `--store`: what arrived since the last look.
 
-Goal (issue 50): `explain` on a fleet's raw trace directory in under 2 s at 10M page rows,
-each command costing what arrived since the last one, not the history. Each figure is
+Goals (issue 50): `explain` on a fleet's raw trace directory in under 2 s at 10M page rows,
+each command costing what arrived since the last one, not the history; a store that takes
+in at least what the reader reads (`kvaudit ingest` against `kvaudit sql` reading the same
+files into memory, in the same run), so that one machine keeps up with a fleet's emission
+(docs/design.md section 5: 1,300 descriptors/s a replica). Each figure is
 the command a person runs, in a process of its own (wall time and peak memory): the
 first `explain --store` (it reads the whole history into the store: `ingest`'s cost),
 the next with nothing new, the next after a replica's file grew by about 1%; the
@@ -45,8 +48,9 @@ def _copy(text: bytes, copy: int) -> bytes:
     return _NAMED.sub(lambda m: m.group(1) + m.group(2) + f".{copy}".encode() + b'"', text)
 
 
-def _fleet(directory: Path) -> tuple[Path, list[Path], int, str]:
-    """Trace files of about PAGES page rows; the base run's files, the copies made, and a request that fetched."""
+def _fleet(directory: Path) -> tuple[Path, list[Path], int, int, str]:
+    """Trace files of about PAGES page rows; the base run's files, the copies made, the page rows,
+    and a request that fetched."""
     base = simulate(dataclasses.replace(FLEET, duration_s=SIM_SECONDS), directory / "sim")
     store = open_store([str(f) for f in base.files])
     [(base_pages,)] = store.query("SELECT count(*) FROM pages")[1]
@@ -60,7 +64,7 @@ def _fleet(directory: Path) -> tuple[Path, list[Path], int, str]:
         with (traces / path.name).open("wb") as out:
             for copy in range(copies):
                 out.write(_copy(text, copy))
-    return traces, list(base.files), copies, f"{request}.{copies // 2}" if copies > 1 else request
+    return traces, list(base.files), copies, copies * base_pages, f"{request}.{copies // 2}" if copies > 1 else request
 
 
 def _run(command: list[str]) -> tuple[float, float]:
@@ -79,11 +83,21 @@ def main() -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        traces, base_files, copies, request = _fleet(directory)
+        traces, base_files, copies, rows, request = _fleet(directory)
         size = sum(f.stat().st_size for f in traces.iterdir())
+        print(f"{copies} copies of a {SIM_SECONDS} s run of 4 replicas: {rows:,} page rows, {size / 2**20:,.0f} MiB")
+        read = _run(["sql", str(traces), "SELECT count(*) FROM pages"])
+        ingested = _run(["ingest", str(traces), "-o", str(directory / "ingested.duckdb"), "-q"])
+        for name, (seconds, peak) in (("kvaudit sql, read into memory", read), ("kvaudit ingest -o", ingested)):
+            print(
+                f"{name}: {seconds:.1f} s, {size / 2**20 / seconds:,.0f} MiB/s,"
+                f" {rows / seconds:,.0f} page rows/s ({rows / seconds / 1300:,.0f} replicas' emission),"
+                f" {peak:,.0f} MiB peak"
+            )
+        print(f"ingest / read: {read[0] / ingested[0]:.2f}x the reader's rate")
+        (directory / "ingested.duckdb").unlink()
         store = str(directory / "store.duckdb")
         with_store = ["explain", "--store", store, str(traces), request, "--format", "json"]
-        print(f"{copies} copies of a {SIM_SECONDS} s run of 4 replicas: {size / 2**20:,.0f} MiB of traces")
         first = _run(with_store)
         print(f"explain --store, first (reads the history into the store): {first[0]:.1f} s, {first[1]:,.0f} MiB peak")
         rows = open_store([store])

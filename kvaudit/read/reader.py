@@ -330,7 +330,7 @@ def read_files(
     final: bool = True,
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
-    sink: Callable[[Tables], Tables] | None = None,
+    sink: Callable[[Tables], Tables | None] | None = None,
 ) -> Tables:
     """Read what is new in `files` since `cursors` (updated in place).
 
@@ -343,7 +343,8 @@ def read_files(
             file reads run without the GIL, and they are most of a read.
         progress: called with the number of bytes of each piece decoded.
         sink: called with each task's tables, in file order, as soon as they are read
-            (while the next tasks are still decoding); returns the rows it kept of them.
+            (while the next tasks are still decoding); returns the rows it kept of them
+            (None: it handed them on, and none is kept for the return).
 
     Returns:
         All the tables read (those the sink kept, with a sink).
@@ -358,10 +359,10 @@ def read_files(
     with _collection_paused(), ThreadPoolExecutor(workers) as pool:
         for pieces, (tables, reads) in _in_order(pool, plan(files, cursors, final=final), final, scan, 2 * workers):
             part = _numbered(pieces, tables, reads, cursors)
-            if sink:
-                part = sink(part)
+            kept = sink(part) if sink else part
             _advance(pieces, reads, cursors)  # only once its rows are in: what was read stays read
-            parts.append(part)
+            if kept is not None:
+                parts.append(kept)
             if progress:
                 progress(sum(piece.cost for piece in pieces))
     return Tables.concat(parts)

@@ -288,13 +288,9 @@ class TraceStore:
             self._spill.cleanup()
 
 
-def _handed(added: Callable[[Tables], None], tables: Tables) -> Tables:
+def _handed(added: Callable[[Tables], None], tables: Tables) -> None:
     """Hand a range's rows to `added` and keep none of them for the refresh's return."""
     added(tables)
-    return _NONE
-
-
-_NONE: Final = Tables.concat([])
 
 
 def _views_keep_one_per_identity(con: duckdb.DuckDBPyConnection) -> bool:

@@ -61,7 +61,7 @@ def open_bounded_store(paths: Sequence[str], database: str | None, *, workers: i
 def warn_unterminated(store: TraceStore, command: str) -> None:
     """Name on stderr each file whose last line is not whole yet: a store file reads it once it is."""
     for cursor in store.cursors.files.values():
-        if not cursor.whole and cursor.not_json is None:
+        if not cursor.whole and cursor.not_json is None and cursor.size:  # an empty file holds no line
             print(
                 f"kvaudit {command}: {cursor.path} ends in an unterminated line: left for the next read",
                 file=sys.stderr,
