@@ -13,7 +13,9 @@
 --   they are decided, and the achievable prefix; this query is that definition in SQL.
 -- Parameters: kvaudit_request_id (VARCHAR, default: every request), kvaudit_replica
 --   (VARCHAR, default: any replica), kvaudit_trace_id (VARCHAR, default: any; otherwise
---   only requests with a span in that trace).
+--   only requests with a span in that trace), kvaudit_since_ns (BIGINT, default: every
+--   request; otherwise only those looked up from then on, Unix ns: a window's requests,
+--   each still explained over all the traces).
 -- Columns: request_id, replica, lookup_ns, prompt_tokens (the lookup's tokens requested),
 --   page (0-based, in group then token order), token_start, token_end, key, kv_group (0 where
 --   the traces name none), kv_group_kind, cause, achievable, counted (the page stands for its
@@ -56,8 +58,10 @@ requests AS (
            coalesce(max(tokens_local) FILTER (WHERE op = 'lookup'), 0) AS local_tokens
     FROM request_spans
     GROUP BY replica, request_id, ordinal
-    HAVING getvariable('kvaudit_trace_id') IS NULL
-        OR count(*) FILTER (WHERE trace_id = getvariable('kvaudit_trace_id')) > 0
+    HAVING (getvariable('kvaudit_trace_id') IS NULL
+            OR count(*) FILTER (WHERE trace_id = getvariable('kvaudit_trace_id')) > 0)
+       AND (getvariable('kvaudit_since_ns') IS NULL
+            OR coalesce(min(start_ns) FILTER (WHERE op = 'lookup'), min(start_ns)) >= getvariable('kvaudit_since_ns'))
 ),
 prompt AS (
     -- One row per page: whether the request's own spans fetched it, used it, or found it local.

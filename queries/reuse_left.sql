@@ -9,7 +9,8 @@
 --   pages each cause of docs/design.md section 7 kept from being used. `routed_away` is the reuse lost to
 --   routing, `evicted` to capacity.
 -- Parameters: kvaudit_bucket_s (DOUBLE, default 60): width of a time bucket in seconds;
---   and explain's (kvaudit_request_id, kvaudit_replica, kvaudit_trace_id: unset, every request).
+--   and explain's (kvaudit_request_id, kvaudit_replica, kvaudit_trace_id, kvaudit_since_ns: unset,
+--   every request).
 -- Columns: replica, bucket_start (TIMESTAMP WITH TIME ZONE), requests, prompt_tokens, hit_tokens,
 --   achievable_tokens, hit_rate, achievable_rate, lost_rate (achievable_rate - hit_rate), and
 --   the tokens of the missed pages per cause: rejected, prefix_broken, routed_away,

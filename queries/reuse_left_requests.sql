@@ -7,8 +7,8 @@
 --   achievable ones (docs/design.md section 7.3), and the tokens of its missed pages per
 --   cause (section 7.2). `kvaudit explain` takes it from there, one request at a time;
 --   `reuse_left` sums it per replica and time bucket.
--- Parameters: explain's (kvaudit_request_id, kvaudit_replica, kvaudit_trace_id: unset,
---   every request).
+-- Parameters: explain's (kvaudit_request_id, kvaudit_replica, kvaudit_trace_id, kvaudit_since_ns:
+--   unset, every request).
 -- Columns: replica, request_id, lookup_ns, prompt_tokens, hit_tokens, achievable_tokens,
 --   lost_tokens (achievable - hit), and the tokens of the missed pages per cause: rejected,
 --   prefix_broken, routed_away, incompatible_producer, evicted, stored_after_lookup,

@@ -174,6 +174,7 @@ def test_reuse_left_and_explain_evictions_include_explain():
         "kvaudit_request_id",
         "kvaudit_replica",
         "kvaudit_trace_id",
+        "kvaudit_since_ns",
         "kvaudit_bucket_s",
     }
 
@@ -218,3 +219,17 @@ def test_trace_values_are_shown_as_text(tmp_path: Path, capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "q\\x1b[2J" in out and "r[bold]\\x1b]0;owned\\x07" in out and "never_stored" in out
+
+
+@pytest.mark.parametrize("mode", ["pressure", "guard-and-faults"])
+def test_a_windows_requests_are_explained_as_over_the_whole_history(runs, mode: str):
+    """`kvaudit_since_ns` keeps the requests looked up from then on, each explained over all
+    the traces (a copy stored before the window still counts): the same rows as the whole
+    history's, filtered, at the cost of the window's requests."""
+    _, store = runs("round-robin", mode)
+    columns, everything = store.query(load("reuse_left_requests"))
+    lookups = sorted(row[columns.index("lookup_ns")] for row in everything)
+    since = lookups[len(lookups) * 2 // 3]
+    _, window = store.query(load("reuse_left_requests"), {"kvaudit_since_ns": since})
+    assert 0 < len(window) < len(everything)
+    assert sorted(window) == sorted(row for row in everything if row[columns.index("lookup_ns")] >= since)
