@@ -1,9 +1,10 @@
 """A replica's requests that left the most reuse on the table: the drill-down from a replica row.
 
 Rows of the named query `reuse_left_requests` (docs/design.md section 7.3) for one
-replica's requests looked up in the TUI's window, most lost first; from one of them the
-TUI opens its `explain` (`kvaudit.analyse.explain`). Each request is explained over all
-the traces: a copy stored before the window still counts at a lookup within it.
+replica's requests looked up in the TUI's window (its `kvaudit_since_ns`), most lost
+first; from one of them the TUI opens its `explain` (`kvaudit.analyse.explain`). Each
+request is explained over all the traces: a copy stored before the window still counts
+at a lookup within it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ _QUERY: Final = f"""
 SELECT * FROM (
 {load("reuse_left_requests").strip().rstrip(";")}
 )
-WHERE getvariable('kvaudit_since_ns') IS NULL OR lookup_ns >= getvariable('kvaudit_since_ns')
 ORDER BY lost_tokens DESC, coalesce(prompt_tokens, 0) - hit_tokens DESC, request_id
 LIMIT {SHOWN}
 """
