@@ -127,7 +127,7 @@ def measure(database: Path) -> None:
         explain_s, explained = _fastest(lambda: explain(backend, request, replica=replica))
         reuse_s, (columns, rows) = _fastest(lambda: backend.query(load("reuse_left")))
         # The last hour's requests (the copies follow each other in time), each explained over all the traces.
-        [(since,)] = backend.query("SELECT max(start_ns) - 3600 * 1_000_000_000 FROM spans WHERE op = 'lookup'")[1]
+        [(since,)] = backend.query("SELECT max(start_ns) - 3_600_000_000_000 FROM spans WHERE op = 'lookup'")[1]
         hour_s, (_, hour_rows) = _fastest(lambda: backend.query(load("reuse_left"), {"kvaudit_since_ns": since}))
         causes = {page.cause.value for page in explained[0].pages}
         print(f"summary (yardstick)      {summary_s:8.2f} s")
