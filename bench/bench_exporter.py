@@ -7,18 +7,15 @@ process of its own, over trace files of 100k and 1M page rows; the baseline is w
 scrape cost before it read in the background: every figure recomputed over the whole
 history (counters, findings, reuse left), timed in this process over the same files.
 
-The traces are one simulated fleet's, copied until they hold the rows asked for: each
-copy with trace ids of its own (a span read twice is read once), written as the files
-a fleet's replicas write.
+The traces are one simulated fleet's, copied until they hold the rows asked for
+(`bench.copied_fleet`).
 
 Sizes: KVAUDIT_BENCH_EXPORTER_PAGES (default "100000,1000000": page rows of each run).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -28,35 +25,14 @@ from pathlib import Path
 from typing import Final
 
 from bench.common import machine, smoke
+from bench.copied_fleet import copied_fleet
 from kvaudit.analyse.derived_views import prepare
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.present.exporter_counts import ExporterCounts
 from kvaudit.read.open import open_store
-from kvaudit.simulator.engine import GIB, SimConfig, simulate
 
-FLEET: Final = SimConfig(replicas=4, pool_bytes=64 * GIB, local_bytes=32 * GIB, router="random", rate=0.5)
-SIM_SECONDS: Final = 20 if smoke() else 120
 SIZES: Final = [int(n) for n in os.environ.get("KVAUDIT_BENCH_EXPORTER_PAGES", "100000,1000000").split(",")]
 SCRAPES: Final = 5 if smoke() else 50
-_TRACE_ID: Final = re.compile(rb'"traceId":"[0-9a-f]{4}')
-
-
-def _fleet(directory: Path, pages: int) -> int:
-    """Trace files of about `pages` page rows in `directory`; returns the page rows written."""
-    base = simulate(dataclasses.replace(FLEET, duration_s=SIM_SECONDS), directory / "sim")
-    store = open_store([str(f) for f in base.files])
-    [(base_pages,)] = store.query("SELECT count(*) FROM pages")[1]
-    store.close()
-    copies = max(1, round(pages / base_pages))
-    traces = directory / "traces"
-    traces.mkdir()
-    for path in base.files:
-        text = path.read_bytes()
-        with (traces / path.name).open("wb") as out:
-            for copy in range(copies):
-                mark = b'"traceId":"' + f"{copy:04x}".encode()
-                out.write(_TRACE_ID.sub(mark, text) if copy else text)
-    return copies * base_pages
 
 
 def _scrape(port: int) -> str:
@@ -94,8 +70,8 @@ def _run(pages: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         started = time.perf_counter()
-        rows = _fleet(directory, pages)
-        traces = directory / "traces"
+        fleet = copied_fleet(directory, pages)
+        rows, traces = fleet.rows, fleet.traces
         size = sum(f.stat().st_size for f in traces.iterdir())
         print(f"{rows:,} page rows ({size / 2**20:,.0f} MiB) generated in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()

@@ -10,18 +10,15 @@ first `explain --store` (it reads the whole history into the store: `ingest`'s c
 the next with nothing new, the next after a replica's file grew by about 1%; the
 baseline, in the same run, is `explain` over the files themselves (read whole each time).
 
-The traces are one simulated fleet's, copied until they hold the rows asked for: each
-copy with trace ids, request ids and page keys of its own, so that every copy's
-requests explain as the run's did.
+The traces are one simulated fleet's, copied until they hold the rows asked for
+(`bench.copied_fleet`).
 
 Sizes: KVAUDIT_BENCH_STORE_PAGES (default 10,000,000 page rows).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -29,42 +26,11 @@ import time
 from pathlib import Path
 from typing import Final
 
-from bench.common import env_int, machine, smoke
+from bench.common import env_int, machine
+from bench.copied_fleet import SIM_SECONDS, copied_fleet
 from kvaudit.read.open import open_store
-from kvaudit.simulator.engine import GIB, SimConfig, simulate
 
-FLEET: Final = SimConfig(replicas=4, pool_bytes=64 * GIB, local_bytes=32 * GIB, router="random", rate=0.5)
-SIM_SECONDS: Final = 20 if smoke() else 120
 PAGES: Final = env_int("KVAUDIT_BENCH_STORE_PAGES", 10_000_000, 2_000)
-_TRACE_ID: Final = re.compile(rb'"traceId":"[0-9a-f]{4}')
-_NAMED: Final = re.compile(rb'("kvaudit\.(?:request\.id|page\.key)","value":\{"stringValue":")([^"]*)"')
-
-
-def _copy(text: bytes, copy: int) -> bytes:
-    """The run's lines as another copy's: its own trace ids, request ids and page keys."""
-    if not copy:
-        return text
-    text = _TRACE_ID.sub(b'"traceId":"' + f"{copy:04x}".encode(), text)
-    return _NAMED.sub(lambda m: m.group(1) + m.group(2) + f".{copy}".encode() + b'"', text)
-
-
-def _fleet(directory: Path) -> tuple[Path, list[Path], int, int, str]:
-    """Trace files of about PAGES page rows; the base run's files, the copies made, the page rows,
-    and a request that fetched."""
-    base = simulate(dataclasses.replace(FLEET, duration_s=SIM_SECONDS), directory / "sim")
-    store = open_store([str(f) for f in base.files])
-    [(base_pages,)] = store.query("SELECT count(*) FROM pages")[1]
-    [(request,)] = store.query("SELECT request_id FROM pages WHERE op = 'fetch' ORDER BY time_ns LIMIT 1")[1]
-    store.close()
-    copies = max(1, round(PAGES / base_pages))
-    traces = directory / "traces"
-    traces.mkdir()
-    for path in base.files:
-        text = path.read_bytes()
-        with (traces / path.name).open("wb") as out:
-            for copy in range(copies):
-                out.write(_copy(text, copy))
-    return traces, list(base.files), copies, copies * base_pages, f"{request}.{copies // 2}" if copies > 1 else request
 
 
 def _run(command: list[str]) -> tuple[float, float]:
@@ -83,7 +49,8 @@ def main() -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        traces, base_files, copies, rows, request = _fleet(directory)
+        fleet = copied_fleet(directory, PAGES)
+        traces, copies, rows, request = fleet.traces, fleet.copies, fleet.rows, fleet.request
         size = sum(f.stat().st_size for f in traces.iterdir())
         print(f"{copies} copies of a {SIM_SECONDS} s run of 4 replicas: {rows:,} page rows, {size / 2**20:,.0f} MiB")
         read = _run(["sql", str(traces), "SELECT count(*) FROM pages"])
@@ -106,8 +73,8 @@ def main() -> None:
         print(f"store: {pages:,} page rows, {Path(store).stat().st_size / 2**20:,.0f} MiB on disk")
         again = _run(with_store)
         print(f"explain --store, nothing new: {again[0]:.2f} s, {again[1]:,.0f} MiB peak")
-        grown = traces / base_files[0].name
-        added = _copy(base_files[0].read_bytes(), copies)
+        grown = traces / fleet.base_files[0].name
+        added = fleet.copy_of(fleet.base_files[0], copies)
         with grown.open("ab") as out:
             out.write(added)
         after = _run(with_store)
