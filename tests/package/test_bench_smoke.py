@@ -26,6 +26,7 @@ PRINTS = {
     "read_formats": "small files",
     "receive": "spans/s, pre-serialised protobuf",
     "scale": "summary",
+    "store": "explain --store, nothing new",
     "tui": "refresh, window all",
 }
 # Those that start the real vLLM or LMCache engines.
