@@ -188,7 +188,9 @@ class TraceStore:
         """Read what was appended to the files since the last refresh.
 
         Args:
-            final: also read an unterminated last line (see `reader.read_files`).
+            final: also read an unterminated last line (see `reader.read_files`); never in a
+                store whose positions are kept in its database: a later command would find
+                the rest of that line, whole, and read it as a broken half.
             progress: called with the bytes of each decoded range.
             added: called with the rows each decoded range added, as soon as they are in
                 the store (a live figure adds them up: `kvaudit exporter`); they are not
@@ -205,7 +207,7 @@ class TraceStore:
                 tables = read_files(
                     expand_paths(self.paths, missing_ok=True),  # a file named may be between rotations
                     self.cursors,
-                    final=final,
+                    final=final and not self._kept,
                     workers=self._workers,
                     progress=progress,
                     sink=self.append if added is None else lambda tables: _handed(added, self.append(tables)),

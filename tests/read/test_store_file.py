@@ -140,3 +140,19 @@ def test_store_names_and_inputs_it_does_not_take(tmp_path: Path, capsys: pytest.
     assert "--store" in capsys.readouterr().err
     assert main(["sql", "--store", str(tmp_path / "s.duckdb"), str(tmp_path / "x.duckdb"), PAGES]) == 2
     assert "give trace files" in capsys.readouterr().err
+
+
+def test_a_kept_store_never_reads_a_line_its_writer_has_not_finished(tmp_path: Path):
+    traces, store = tmp_path / "traces", str(tmp_path / "store.duckdb")
+    traces.mkdir()
+    line = good_lines(1)[0]
+    append(traces / "r1.jsonl", [line[:100]])  # a writer in the middle of its line
+    kept = TraceStore([traces], store)
+    kept.refresh(final=True)  # as a one-shot read asks (`tui --snapshot`)
+    assert kept.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")[1] == [(0, 0)]
+    kept.close()
+    append(traces / "r1.jsonl", [line[100:]])
+    kept = TraceStore([traces], store)
+    kept.refresh(final=True)
+    assert kept.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")[1] == [(1, 0)]
+    kept.close()
