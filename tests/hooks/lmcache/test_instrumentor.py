@@ -366,13 +366,15 @@ def test_prevent_the_report_counts_the_reuse_prevention_forwent(runs: Runs) -> N
 
 def test_prevent_the_tui_status_line_counts_the_reuse_prevention_forwent(runs: Runs) -> None:
     pytest.importorskip("textual", reason="the TUI's extra")
-    from kvaudit.backends.duckdb_backend import DuckDBBackend
-    from kvaudit.tui.figures import Analysis, compute_figures
+    from kvaudit.tui.source import LiveSource
     from kvaudit.tui.widgets.status_bar import StatusBar
     from kvaudit.tui.window import window_named
 
-    figures = compute_figures(DuckDBBackend(runs.store), window_named("1m"), analysis=Analysis(), indexed=False)
-    assert figures.prevented_pages == 3  # over all the traces, whatever the window
+    source = LiveSource(runs.store.cursor(), auditor=None)  # a connection of its own: the store stays open
+    source.poll(window_named("1m"))
+    figures = source.analyse(window_named("1m"), force=True)  # counted with the analysis, not each refresh
+    assert figures is not None and figures.prevented_pages == 3  # over all the traces, whatever the window
+    source.close()
     bar = StatusBar("traces/")
     bar.figures = figures
     assert " · 3 prevented" in str(bar.render())
