@@ -79,6 +79,7 @@ class RuleEngine:
         # (group, alert) -> the health of that rule's last evaluation
         self.health = {(g.name, r.alert): RuleHealth.of(r) for g in self.groups for r in g.rules}
         self._next_due: dict[str, float] = {}
+        self._audited: Sequence[Finding] | None = None  # the findings the rules last read
         self._save_error: str | None = None  # the last failed save's error, until one works
         rules = set(self.health) | {(HEALTH_GROUP, RULE_FAILING.alert)}
         saved = load_state(self.state_path) if self.state_path is not None else []
@@ -101,7 +102,9 @@ class RuleEngine:
         """(group, alert) -> the error of each rule whose last evaluation failed."""
         return {key: h.last_error for key, h in self.health.items() if h.health is Health.ERR}
 
-    def evaluate(self, source: Source, *, findings: Sequence[Finding] | None = None) -> list[AlertInstance]:
+    def evaluate(
+        self, source: Source, *, findings: Sequence[Finding] | None = None, unchanged: bool = False
+    ) -> list[AlertInstance]:
         """Evaluate the groups that are due, advance the state machine, save the state.
 
         A rule whose evaluation fails keeps its alerts as they were (its error is in
@@ -111,10 +114,15 @@ class RuleEngine:
         Args:
             findings: the auditor's findings over `source`, when the caller has them
                 already; None audits (only when a group is due).
+            unchanged: nothing arrived in `source` since the last evaluation: the last
+                audit's findings stand (an audit reads the whole history; its findings
+                are a function of what the traces hold).
         """
         now = self.clock()
         backend = as_backend(source)
         due = [group for group in self.groups if now >= self._next_due.get(group.name, now)]
+        if findings is None and unchanged:
+            findings = self._audited
         views_error = self._prepare(backend, findings) if due else None
         for group in due:
             self._next_due[group.name] = now + (group.interval_s or 0.0)
@@ -132,7 +140,7 @@ class RuleEngine:
         """Refresh the views rules read (`findings`, `query_*`); what went wrong, if it did."""
         try:
             reads = [rule.expr for group in self.groups for rule in group.rules]
-            prepare(backend, reads, skew_s=self.skew_s, findings=findings)
+            self._audited = prepare(backend, reads, skew_s=self.skew_s, findings=findings)
         except BackendError as exc:
             return f"the views rules read could not be made: {exc}"
         except Exception as exc:  # the auditor's own failure must not stop alerting: every rule reports it

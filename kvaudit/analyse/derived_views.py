@@ -56,7 +56,7 @@ def view_name(query: str) -> str:
 
 def prepare(
     backend: Backend, reads: Iterable[str], *, skew_s: float = 1.0, findings: Sequence[Finding] | None = None
-) -> None:
+) -> Sequence[Finding]:
     """Create (or refresh) the `findings` view and the named query views `reads` names on the backend.
 
     Args:
@@ -64,6 +64,9 @@ def prepare(
         skew_s: clock skew the auditor allows between replicas.
         findings: the auditor's findings over these traces when the caller has them
             already (the TUI audits for its own panels); None runs the auditor.
+
+    Returns:
+        The findings the view holds.
     """
     named = {name.lower() for name in re.findall(rf"\b{PREFIX}\w+", " ".join(reads), re.IGNORECASE)}
     for name in named_queries():
@@ -78,3 +81,4 @@ def prepare(
     rows = [vars(finding) for finding in findings]
     backend.temp_table("kvaudit_findings", pa.Table.from_pylist(rows, schema=_FINDINGS))
     backend.temp_view("findings", _FINDINGS_VIEW)
+    return findings

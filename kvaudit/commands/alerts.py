@@ -281,11 +281,17 @@ def run_watch(args: argparse.Namespace) -> int:
         backend.close()
 
 
-def _warn_read_errors(tables: Tables) -> None:
-    """Name a read's unreadable lines as each part of it is taken in."""
-    from kvaudit.present.rows import warn_read_errors
+class _Arrived:
+    """A read's rows, counted as each part of it is taken in, its unreadable lines named."""
 
-    warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def add(self, tables: Tables) -> None:
+        from kvaudit.present.rows import warn_read_errors
+
+        self.rows += sum(table.num_rows for table in tables.by_name().values())
+        warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
 
 
 def _watch(
@@ -297,14 +303,16 @@ def _watch(
     status = ""
     while True:
         started = time.monotonic()
+        arrived = _Arrived()
         try:
             # Only complete lines: a writer may be in the middle of the last one.
-            backend.refresh(final=False, added=_warn_read_errors)
+            backend.refresh(final=False, added=arrived.add)
         except (OSError, BackendError) as exc:
             # A file rotated or a directory remounted, a disk too full to spill to: alert on
             # what was read, retry next time.
             print(visible(f"kvaudit alerts: reading traces: {exc}"), file=sys.stderr)
-        alerts = engine.evaluate(backend)
+        # Files that brought nothing new leave the last audit standing; ClickHouse may always hold more.
+        alerts = engine.evaluate(backend, unchanged=backend.follows_files and not arrived.rows)
         dispatcher.dispatch(alerts, engine.clock())  # queued: sent by the notifiers' own threads
         if args.once:
             # Each notifier sends its batches; a failed one gives up the rest until the next evaluation.

@@ -235,3 +235,31 @@ def test_views_that_cannot_be_made_fail_every_rule_and_stop_nothing(
         "Hot": AlertState.PENDING,
         "KVAuditRuleFailing": AlertState.FIRING,
     }
+
+
+def test_traces_that_brought_nothing_new_are_not_audited_again(
+    tmp_path: Path, store: TraceStore, monkeypatch: pytest.MonkeyPatch
+):
+    """An audit reads the whole history, and its findings are a function of what the traces
+    hold: an evaluation after a read that added nothing keeps the last audit's findings."""
+    import kvaudit.analyse.derived_views as derived_views
+
+    audits = []
+    real_audit = derived_views.run_audit
+
+    def counted(*args: object, **kwargs: object) -> object:
+        audits.append(1)
+        return real_audit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(derived_views, "run_audit", counted)
+    clock = Clock()
+    engine = _engine(tmp_path, clock)
+    _holds(store, r1=1)
+    engine.evaluate(store, unchanged=True)  # the first evaluation audits whatever it is told
+    clock.advance(60)
+    engine.evaluate(store, unchanged=True)
+    assert len(audits) == 1
+    assert store.query("SELECT count(*) FROM findings")[1] == [(0,)]  # the view still stands
+    clock.advance(60)
+    engine.evaluate(store)  # rows arrived
+    assert len(audits) == 2
