@@ -172,15 +172,16 @@ class DuckDBBackend(Backend):
 
 @contextmanager
 def _rule_limits(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """A rule's memory and spill limits for the query in the block; DuckDB's defaults after it
-    (kvaudit sets neither elsewhere: its own reads are bounded by what they read)."""
+    """A rule's memory and spill limits for the query in the block; the database's own after
+    it (a store's memory budget, `kvaudit.read.store_file`, or DuckDB's defaults)."""
+    before = {name: con.execute("SELECT current_setting($name)", {"name": name}).fetchone()[0] for name in _RULE_LIMITS}  # type: ignore[index]
     for name, value in _RULE_LIMITS.items():
         con.execute(f"SET {name} = {_literal(value)}")
     try:
         yield
     finally:
-        for name in _RULE_LIMITS:
-            con.execute(f"RESET {name}")
+        for name, value in before.items():
+            con.execute(f"SET {name} = {_literal(value)}")
 
 
 @contextmanager

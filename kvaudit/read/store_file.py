@@ -32,7 +32,9 @@ from kvaudit.read.store import TraceStore
 
 # What DuckDB may hold in memory of such a store (its buffer pool: rows, and what a query
 # works on; past it, rows stay in the file or are spilled, and so is what a query works on).
-MEMORY_BYTES: Final = 256 << 20
+# The queries over the whole history need more than their rows' share: the exporter's reuse
+# left over 10M page rows needs 0.5 GiB (at 256 MiB it failed, unable to spill).
+MEMORY_BYTES: Final = 1 << 30
 
 
 def open_bounded_store(paths: Sequence[str], database: str | None, *, workers: int | None = None) -> TraceStore:
