@@ -82,7 +82,7 @@ class DuckDBBackend(Backend):
                 self._variables(None),
                 _errors(),
                 ctrl_c_interrupts(self.store.con),
-                _rule_limits(self.store.con),
+                _rule_limits(self.store.con, self.store.memory_limit),
                 _interrupt_after(self.store.con, timeout_s, interrupted),
             ):
                 return self.store.sql(query).limit(max_rows).to_arrow_table()
@@ -171,17 +171,18 @@ class DuckDBBackend(Backend):
 
 
 @contextmanager
-def _rule_limits(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """A rule's memory and spill limits for the query in the block; the database's own after
-    it (a store's memory budget, `kvaudit.read.store_file`, or DuckDB's defaults)."""
-    before = {name: con.execute("SELECT current_setting($name)", {"name": name}).fetchone()[0] for name in _RULE_LIMITS}  # type: ignore[index]
+def _rule_limits(con: duckdb.DuckDBPyConnection, memory_limit: int | None) -> Iterator[None]:
+    """A rule's memory and spill limits for the query in the block; after it, DuckDB's defaults,
+    or the store's own memory budget (`memory_limit`, see `kvaudit.read.store_file`)."""
     for name, value in _RULE_LIMITS.items():
         con.execute(f"SET {name} = {_literal(value)}")
     try:
         yield
     finally:
-        for name, value in before.items():
-            con.execute(f"SET {name} = {_literal(value)}")
+        for name in _RULE_LIMITS:
+            con.execute(f"RESET {name}")
+        if memory_limit is not None:
+            con.execute(f"SET memory_limit = '{int(memory_limit)}B'")
 
 
 @contextmanager

@@ -118,6 +118,7 @@ class TraceStore:
         self._workers = workers
         self._kept = database not in (None, ":memory:")  # positions kept in the database
         self._spill = spill
+        self.memory_limit = memory_limit
         self.cursors = Cursors()
         self.identities: FirstSeen | StoredIdentities = FirstSeen()
         self._one_per_identity = False
@@ -141,7 +142,7 @@ class TraceStore:
         store._connect(con, None)
         store.paths, store._workers, store._kept, store.cursors = [], None, False, Cursors()
         store.identities, store._one_per_identity = FirstSeen(), True
-        store._spill = None
+        store._spill, store.memory_limit = None, None
         return store
 
     def _connect(self, con: duckdb.DuckDBPyConnection, rows: Rows | None) -> None:
@@ -176,6 +177,7 @@ class TraceStore:
         """
         other = TraceStore.over(self._con.cursor())
         other._rows = self._rows if isinstance(self._rows, ArrowTables) else None
+        other.memory_limit = self.memory_limit  # the database's: a setting of all its connections
         return other
 
     def refresh(

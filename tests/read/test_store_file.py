@@ -130,8 +130,9 @@ def test_a_live_commands_spill_directory_is_its_own_and_removed_when_it_ends(
     [directory] = (tmp_path / "tmp").iterdir()
     assert backend.query("SELECT current_setting('temp_directory')")[1] == [(str(directory),)]
     assert backend.query("SELECT current_setting('memory_limit')")[1] == [("1.0 GiB",)]
-    backend.sandboxed("SELECT count(*) FROM pages", timeout_s=10, max_rows=1)  # under a rule's own limits
-    assert backend.query("SELECT current_setting('memory_limit')")[1] == [("1.0 GiB",)]  # the budget back
+    for connection in (backend, backend.cursor()):  # the TUI's rules run on a cursor of its own
+        connection.sandboxed("SELECT count(*) FROM pages", timeout_s=10, max_rows=1)  # under a rule's limits
+        assert backend.query("SELECT current_setting('memory_limit')")[1] == [("1.0 GiB",)]  # the budget back
     backend.close()
     assert not directory.exists()
 
