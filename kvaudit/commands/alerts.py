@@ -290,7 +290,7 @@ class _Arrived:
     def add(self, tables: Tables) -> None:
         from kvaudit.present.rows import warn_read_errors
 
-        self.rows += sum(table.num_rows for table in tables.by_name().values())
+        self.rows += tables.num_rows
         warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
 
 

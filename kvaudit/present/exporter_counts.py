@@ -76,7 +76,7 @@ class ExporterCounts:
 
     def add(self, added: Tables) -> None:
         """Add the figures of the rows one read added."""
-        if not any(table.num_rows for table in added.by_name().values()):
+        if not added.num_rows:
             return
         self._rows = self._rows or ReadRows()
         fetches = self._rows.query(added, FETCH_SPANS)

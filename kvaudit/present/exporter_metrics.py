@@ -141,7 +141,7 @@ class _Arrived:
     rows: int = 0
 
     def add(self, tables: Tables) -> None:
-        self.rows += sum(table.num_rows for table in tables.by_name().values())
+        self.rows += tables.num_rows
         self.counts.add(tables)
 
 

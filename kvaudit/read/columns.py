@@ -115,6 +115,11 @@ class Tables:
         """The tables under their `kv_*` names (see `TABLES`)."""
         return dict(zip(TABLES, (self.resources, self.spans, self.pages, self.errors)))
 
+    @property
+    def num_rows(self) -> int:
+        """The rows of all four tables."""
+        return sum(table.num_rows for table in self.by_name().values())
+
 
 def table_of(schema: pa.Schema, rows: Sequence[Sequence[Any]]) -> pa.Table:
     if not rows:

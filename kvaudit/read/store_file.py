@@ -32,8 +32,8 @@ from kvaudit.read.store import TraceStore
 
 # What DuckDB may hold in memory of such a store (its buffer pool: rows, and what a query
 # works on; past it, rows stay in the file or are spilled, and so is what a query works on).
-# The queries over the whole history need more than their rows' share: the exporter's reuse
-# left over 10M page rows needs 0.5 GiB (at 256 MiB it failed, unable to spill).
+# Sized for the queries over the whole history (the exporter's reuse left, the audit), whose
+# joins and windows DuckDB cannot always spill: with too little they fail, not slow down.
 MEMORY_BYTES: Final = 1 << 30
 
 
