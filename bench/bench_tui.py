@@ -2,9 +2,8 @@
 
 One refresh is what the app does every second: read what was appended to the trace
 files (here one new line) and recompute every panel's figures over the window. The
-million descriptors are generated straight into the store's tables (decoding JSON
-is the reader's benchmark, not this one): four replicas over an hour, each fetch
-span reusing pages another replica stored, one in fifty pages rejected.
+million descriptors are generated straight into the store's tables (`live_fleet`): four
+replicas over an hour.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Final
 
 from bench.common import env_int, sized
+from bench.live_fleet import PAGES_PER_SPAN, generate, span_ns_for
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.contract import Hook, KVConfig, Op, Outcome, PageDescriptor
 from kvaudit.emit.emitter import Emitter
@@ -25,56 +26,12 @@ from kvaudit.emit.setup import setup_emitter
 from kvaudit.read.store import TraceStore
 from kvaudit.read.store_file import open_bounded_store
 from kvaudit.tui.figures import Analysis, compute_figures
-from kvaudit.tui.findings import auditor as make_auditor
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.window import WINDOWS
 
 PAGES: Final = env_int("KVAUDIT_BENCH_TUI_PAGES", 1_000_000, 10_000)
-PAGES_PER_SPAN: Final = 32
-REPLICAS: Final = 4
-HOUR_NS: Final = 3600 * 10**9
 GOAL_MS: Final = 250.0
 RUNS: Final = sized(11, 2)
-
-# Half the pages are stores, half fetches of keys stored by the next replica a little earlier.
-_GENERATE: Final = (
-    f"""
-INSERT INTO kv_resources BY NAME
-SELECT r AS resource_id, 'r' || r AS replica, 'vllm' AS service, 1 AS schema, 'vllm' AS engine,
-       'google/gemma-2-27b' AS model, 'bfloat16' AS dtype, 'NB_2_BS_NH_HS' AS layout
-FROM range({REPLICAS}) t(r)""",
-    f"""
-INSERT INTO kv_spans BY NAME
-SELECT 'bench' AS file, s AS line, s % {REPLICAS} AS resource_id, 'r' || (s % {REPLICAS}) AS replica,
-       printf('%032x', s) AS trace_id, printf('%016x', s) AS span_id,
-       CASE WHEN s % 2 = 0 THEN 'kvaudit.store' ELSE 'kvaudit.fetch' END AS name,
-       1_767_225_600_000_000_000 + s * ({HOUR_NS} // $spans) AS start_ns,
-       1_767_225_600_000_000_000 + s * ({HOUR_NS} // $spans) + 2_000_000 + (s % 97) * 50_000 AS end_ns,
-       0 AS status_code, 0 AS dropped_attributes, 0 AS dropped_events,
-       CASE WHEN s % 2 = 0 THEN 'store' ELSE 'fetch' END AS op, 'req-' || (s // 2) AS request_id,
-       'vllm.connector' AS hook, 'lmcache.remote' AS backend,
-       {PAGES_PER_SPAN * 256} AS tokens_requested,
-       CASE WHEN s % 2 = 1 THEN {PAGES_PER_SPAN * 256} - (s % 3) * 256 END AS tokens_hit,
-       CASE WHEN s % 2 = 0 THEN {PAGES_PER_SPAN * 256} END AS tokens_stored,
-       {PAGES_PER_SPAN} AS pages, {PAGES_PER_SPAN} * 94_208_000::BIGINT AS bytes, 'hit' AS outcome
-FROM range($spans) t(s)""",
-    f"""
-INSERT INTO kv_pages BY NAME
-SELECT 'bench' AS file, p // {PAGES_PER_SPAN} AS line, s % {REPLICAS} AS resource_id,
-       'r' || (s % {REPLICAS}) AS replica,
-       printf('%032x', s) AS trace_id, printf('%016x', s) AS span_id,
-       CASE WHEN s % 2 = 0 THEN 'store' ELSE 'fetch' END AS op, 'vllm.connector' AS hook,
-       'lmcache.remote' AS backend, 'req-' || (s // 2) AS request_id, 'hit' AS outcome,
-       1_767_225_600_000_000_000 + s * ({HOUR_NS} // $spans) + p % {PAGES_PER_SPAN} AS time_ns,
-       -- a fetch span reads the pages the store span just before it wrote
-       md5(((s // 2) * {PAGES_PER_SPAN} + p % {PAGES_PER_SPAN})::VARCHAR) AS key,
-       'sha256_cbor' AS hash_algo, (p % {PAGES_PER_SPAN}) * 256 AS token_start,
-       (p % {PAGES_PER_SPAN} + 1) * 256 AS token_end, 'google/gemma-2-27b' AS model, 'bfloat16' AS dtype,
-       [2, 46, 256, 2048] AS shape, 'NB_2_BS_NH_HS' AS layout, 94_208_000 AS bytes, 1 AS world_size, 0 AS rank,
-       46 AS layers, 16 AS kv_heads, 128 AS head_size,
-       CASE WHEN s % 2 = 1 THEN p % 50 <> 0 END AS used, 'cpu' AS tier
-FROM (SELECT p, p // {PAGES_PER_SPAN} AS s FROM range($pages) t(p))""",
-)
 
 
 def main() -> None:
@@ -84,9 +41,7 @@ def main() -> None:
         _emit(emitter, 0)
         store = open_bounded_store([live], None, workers=1)  # as `kvaudit tui` makes a live one
         started = time.perf_counter()
-        for statement in _GENERATE:
-            params = {"pages": PAGES, "spans": PAGES // PAGES_PER_SPAN}
-            store.con.execute(statement, {k: v for k, v in params.items() if f"${k}" in statement})
+        generate(store, 0, PAGES // PAGES_PER_SPAN, span_ns=span_ns_for(PAGES))
         _, [(pages,)] = store.query("SELECT count(*) FROM pages")
         print(f"generated {pages:,} page descriptors in {time.perf_counter() - started:.1f} s")
         # The machine is shared: wall times are only comparable at a similar load.
@@ -120,12 +75,13 @@ def main() -> None:
 
 
 def _audit(store: TraceStore) -> None:
-    """The auditor's pass over the same store: the TUI runs it in its worker, at most every few seconds."""
-    auditor = make_auditor(skew_s=1.0)
+    """The auditor's first pass over the same store (the history): the TUI runs it in its worker."""
+    backend = DuckDBBackend(store)
     started = time.perf_counter()
-    findings = auditor(DuckDBBackend(store))
+    LiveAudit().update(backend)
     seconds = time.perf_counter() - started
-    print(f"audit: {len(findings):,} findings in {seconds:.1f} s (in its own worker and connection, not per refresh)")
+    [(findings,)] = backend.query("SELECT count(*) FROM findings")[1]
+    print(f"audit: {findings:,} findings in {seconds:.1f} s (in its own worker and connection, not per refresh)")
 
 
 def _emit(emitter: Emitter, n: int) -> None:

@@ -3,21 +3,20 @@ the default rule pack when none is given (as `kvaudit alerts eval` does)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kvaudit.alerts.bounds import DEFAULT_TIMEOUT_S, Bounds
 from kvaudit.alerts.engine import RuleEngine
 from kvaudit.alerts.rules import load_default_pack, load_rules
-from kvaudit.analyse.audit import Finding
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.backends import Backend
 
 DEFAULT_PACK: Final = "default rule pack"
 
-# Evaluates the rules over a backend (at the engine's own group intervals), given the
-# auditor's latest findings when there are any (None: the engine audits), and returns its alerts.
-Alerting = Callable[[Backend, Sequence[Finding] | None], tuple["AlertRow", ...]]
+# Evaluates the rules over a backend (at the engine's own group intervals) and returns its alerts.
+Alerting = Callable[[Backend], tuple["AlertRow", ...]]
 
 
 @dataclass(frozen=True)
@@ -57,20 +56,24 @@ class RuleAlerting:
     name: str
     engine: RuleEngine
 
-    def __call__(self, backend: Backend, findings: Sequence[Finding] | None) -> tuple[AlertRow, ...]:
-        return alert_rows(self.engine.evaluate(backend, findings=findings))
+    def __call__(self, backend: Backend) -> tuple[AlertRow, ...]:
+        return alert_rows(self.engine.evaluate(backend))
 
 
-def rule_alerting(rules: str | None, *, skew_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> RuleAlerting:
+def rule_alerting(
+    rules: str | None, *, skew_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S, audit: LiveAudit | None = None
+) -> RuleAlerting:
     """The engine of `kvaudit.alerts` over a rule file, or over the default pack when `rules` is None.
 
     Args:
         timeout_s: how long each rule's query may run (as `kvaudit alerts eval --rule-timeout`).
+        audit: the findings the rules read, shared with the TUI's findings panel (None: the
+            engine's own).
 
     Raises:
         ValueError: the rule file is invalid (the engine says where).
     """
     bounds = Bounds(timeout_s=timeout_s)
-    if rules is None:
-        return RuleAlerting(DEFAULT_PACK, RuleEngine(load_default_pack(), skew_s=skew_s, bounds=bounds))
-    return RuleAlerting(rules, RuleEngine(load_rules([rules]), skew_s=skew_s, bounds=bounds))
+    groups = load_default_pack() if rules is None else load_rules([rules])
+    engine = RuleEngine(groups, skew_s=skew_s, bounds=bounds, audit=audit)
+    return RuleAlerting(DEFAULT_PACK if rules is None else rules, engine)

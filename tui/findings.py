@@ -1,31 +1,35 @@
 """Audit findings as the TUI shows them, from the auditor (`kvaudit.analyse.audit`).
 
 The TUI never decides what is wrong with a page itself: findings come from the
-auditor's rules (docs/design.md section 4). With the auditor off the findings panel
-says so instead of showing an empty, reassuring list. Each finding carries the end of
-its span (`tui/finding_times`), so that the panels count only the findings of the window
-they show.
+auditor's rules (docs/design.md section 4), kept up to date as the traces grow
+(`kvaudit.analyse.live_audit`). With the auditor off the findings panel says so instead
+of showing an empty, reassuring list. Each finding carries the end of its span, so that
+the panels count only the findings of the window they show.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-import pyarrow as pa
-
-from kvaudit.analyse.audit import Finding, run_audit
-from kvaudit.analyse.named_queries import load
+from kvaudit.analyse.audit import Finding
 from kvaudit.backends import Backend
-
-# Calls the auditor over a backend.
-Auditor = Callable[[Backend], Sequence[Finding]]
 
 SEVERITIES: Final = ("critical", "warning", "info")
 CRITICAL: Final = SEVERITIES[0]
-_TIMES: Final = load("tui/finding_times")
-_SPANS_TABLE: Final = "tui_finding_spans"
+
+
+class Auditor(Protocol):
+    """What the TUI asks of the auditor (`kvaudit.analyse.live_audit.LiveAudit`)."""
+
+    def update(self, backend: Backend) -> bool:
+        """Audit what arrived on `backend` since the last update; whether the findings may have changed."""
+        ...
+
+    def findings(self, backend: Backend) -> list[tuple[Finding, int | None]]:
+        """The findings, each with its span's end (None: no span)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -87,25 +91,7 @@ def _fields(fields: Mapping[str, Any] | Iterable[str] | None) -> dict[str, dict[
     return {name: {} for name in fields}
 
 
-def finding_rows(findings: Iterable[Any], times: Mapping[tuple[str, str], int] | None = None) -> tuple[FindingRow, ...]:
-    """Rows of findings, critical first, then by rule, replica and key; `times` gives their spans' ends."""
-    times = times or {}
-    rows = [FindingRow.of(f, times.get((f.trace_id, f.span_id))) for f in findings]
+def finding_rows(findings: Iterable[tuple[Any, int | None]]) -> tuple[FindingRow, ...]:
+    """Rows of findings, each with its span's end, critical first, then by rule, replica and key."""
+    rows = [FindingRow.of(finding, time_ns) for finding, time_ns in findings]
     return tuple(sorted(rows, key=lambda r: (r.severity_rank, r.code, r.replica or "", r.key or "")))
-
-
-def span_times(backend: Backend, findings: Sequence[Any]) -> dict[tuple[str, str], int]:
-    """(trace_id, span_id) -> the end of that span, for the findings that name a span."""
-    spans = sorted({(f.trace_id, f.span_id) for f in findings if f.trace_id is not None and f.span_id is not None})
-    if not spans:
-        return {}
-    backend.temp_table(
-        _SPANS_TABLE,
-        pa.table({"trace_id": [t for t, _ in spans], "span_id": [s for _, s in spans]}),
-    )
-    return {(trace_id, span_id): end_ns for trace_id, span_id, end_ns in backend.query(_TIMES)[1]}
-
-
-def auditor(skew_s: float) -> Auditor:
-    """The auditor of `kvaudit.analyse.audit` with the given clock skew."""
-    return lambda backend: run_audit(backend, skew_s=skew_s)

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from kvaudit.analyse.audit import Finding
 from kvaudit.analyse.explain import Explanation, explain
 from kvaudit.backends import Source, as_backend
 from kvaudit.read.columns import Tables
 from kvaudit.tui.alerting import Alerting
 from kvaudit.tui.descriptors import DescriptorPair, descriptor_pair
 from kvaudit.tui.figures import PREVENTED, Analysis, Figures, compute_figures
-from kvaudit.tui.findings import Auditor, FindingRow, finding_rows, span_times
+from kvaudit.tui.findings import Auditor, FindingRow, finding_rows
 from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.reuse_left import LostRequest, lost_requests
 from kvaudit.tui.window import Window
@@ -40,12 +39,13 @@ class LiveSource:
     Args:
         source: the traces (trace files are read incrementally by `poll`): a backend, or a
             DuckDB store.
-        auditor: computes findings; None shows that there is no auditor.
+        auditor: keeps the findings (`kvaudit.analyse.live_audit.LiveAudit`, which the alerting
+            engine may share); None shows that there is no auditor.
         alerting: evaluates the alert rules; None shows that there are none.
         alerts_source: what the rules are (a file, the default pack), for the alerts panel.
         skew_s: clock skew allowed between replicas when joining fetches to stores.
-        audit_interval_s: the least time between two audits (an audit reads everything),
-            and between two evaluations of the rules when no audit brings news.
+        audit_interval_s: the least time between two audits (each audits what arrived since
+            the last), and between two evaluations of the rules when no audit brings news.
         clock: monotonic seconds (tests pass their own).
     """
 
@@ -84,7 +84,6 @@ class LiveSource:
         self._read = False  # a poll has finished: an audit now sees what the traces hold
         self._rows = 0
         self._audited_rows: int | None = None  # rows read when the findings were computed
-        self._findings: Sequence[Finding] | None = None  # the auditor's latest, for the rules' `findings` view
         self._next_audit = 0.0
         self._next_alerting = 0.0
         self._prevented_rows: int | None = None  # rows read when the prevented pages were counted
@@ -134,12 +133,12 @@ class LiveSource:
             findings = None
             if self._auditor is not None and (force or self.audit_due()):
                 self._audited_rows = self._rows
-                self._findings = self._auditor(self._audit_backend)
-                findings = finding_rows(self._findings, span_times(self._audit_backend, self._findings))
+                if self._auditor.update(self._audit_backend) or force:
+                    findings = finding_rows(self._auditor.findings(self._audit_backend))
                 self._next_audit = self._clock() + self._audit_interval_s
             alerts = None
             if self._alerting is not None and (force or findings is not None or self._clock() >= self._next_alerting):
-                alerts = self._alerting(self._audit_backend, self._findings)
+                alerts = self._alerting(self._audit_backend)
                 self._next_alerting = self._clock() + self._audit_interval_s
             prevented = None
             if self._read and (force or (self._rows != self._prevented_rows and self._clock() >= self._next_prevented)):

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Final
 
 from kvaudit.alerts.bounds import Bounds
+from kvaudit.alerts.engine import RULE_WINDOW_S
 from kvaudit.alerts.evaluate import EvaluationError, classify, result
 from kvaudit.alerts.rules import Problem, Rule, read_rule_files
 from kvaudit.analyse.derived_views import prepare
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.backends import Backend, BackendError
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.read.store import TraceStore
@@ -40,7 +42,8 @@ def check_files(paths: Iterable[str | Path], bounds: Bounds | None = None) -> li
     """
     groups, problems = read_rule_files(paths)
     with DuckDBBackend(TraceStore()) as backend:
-        prepare(backend, [rule.expr for group in groups for rule in group.rules])
+        reads = [rule.expr for group in groups for rule in group.rules]
+        prepare(backend, reads, audit=LiveAudit(), window_s=RULE_WINDOW_S)
         for group in groups:
             for rule in group.rules:
                 problems.extend(check_rule(backend, rule, bounds or Bounds()))

@@ -33,14 +33,18 @@ from kvaudit.alerts.labels import ALERTNAME
 from kvaudit.alerts.rule_health import RULE_FAILING, Health, RuleHealth, failing_samples
 from kvaudit.alerts.rules import HEALTH_GROUP, Group, Rule
 from kvaudit.alerts.state_file import load_state, save_state
-from kvaudit.analyse.audit import Finding
 from kvaudit.analyse.derived_views import prepare
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.backends import Backend, BackendError, Source, as_backend
 
 logger = logging.getLogger(__name__)
 
 # How long a resolved alert stays tracked (and re-sent to Alertmanager), as in Prometheus.
 RESOLVED_RETENTION_S: Final = 15 * 60.0
+# The requests the views that explain requests (`query_reuse_left`, ...) hold for rules: those
+# looked up within this long before the newest span, the default pack's window over them.
+# Explaining a whole history outlasts a rule's time limit (at 10M page rows).
+RULE_WINDOW_S: Final = 1800.0
 
 
 class RuleEngine:
@@ -53,6 +57,9 @@ class RuleEngine:
         clock: the current time in Unix seconds (tests pass a controllable one).
         resolved_retention_s: how long resolved alerts stay tracked.
         skew_s: clock skew the auditor allows between replicas (for `findings`).
+        audit: keeps the findings the rules read (`findings`), auditing what arrived since the
+            last evaluation; None: one of the engine's own, with `skew_s`. The TUI shares its
+            own with the engine.
         bounds: each rule's time limit and default alert limit (a group's `limit` wins).
         external_url: the start of each alert's `generatorURL` (`--external-url`), which
             ends with `#` and the rule's name (empty: the name alone).
@@ -68,18 +75,18 @@ class RuleEngine:
         skew_s: float = 1.0,
         bounds: Bounds | None = None,
         external_url: str = "",
+        audit: LiveAudit | None = None,
     ) -> None:
         self.groups = list(groups)
         self.external_url = urldefrag(external_url).url
         self.state_path = Path(state_path) if state_path is not None else None
         self.clock = clock
         self.resolved_retention_s = resolved_retention_s
-        self.skew_s = skew_s
         self.bounds = bounds or Bounds()
         # (group, alert) -> the health of that rule's last evaluation
         self.health = {(g.name, r.alert): RuleHealth.of(r) for g in self.groups for r in g.rules}
         self._next_due: dict[str, float] = {}
-        self._audited: Sequence[Finding] | None = None  # the findings the rules last read
+        self.audit = audit or LiveAudit(skew_s=skew_s)
         self._save_error: str | None = None  # the last failed save's error, until one works
         rules = set(self.health) | {(HEALTH_GROUP, RULE_FAILING.alert)}
         saved = load_state(self.state_path) if self.state_path is not None else []
@@ -102,28 +109,18 @@ class RuleEngine:
         """(group, alert) -> the error of each rule whose last evaluation failed."""
         return {key: h.last_error for key, h in self.health.items() if h.health is Health.ERR}
 
-    def evaluate(
-        self, source: Source, *, findings: Sequence[Finding] | None = None, unchanged: bool = False
-    ) -> list[AlertInstance]:
+    def evaluate(self, source: Source) -> list[AlertInstance]:
         """Evaluate the groups that are due, advance the state machine, save the state.
 
         A rule whose evaluation fails keeps its alerts as they were (its error is in
         `health` and `errors`, and it fires `KVAuditRuleFailing`): a broken query must
-        not resolve what it cannot see.
-
-        Args:
-            findings: the auditor's findings over `source`, when the caller has them
-                already; None audits (only when a group is due).
-            unchanged: nothing arrived in `source` since the last evaluation: the last
-                audit's findings stand (an audit reads the whole history; its findings
-                are a function of what the traces hold).
+        not resolve what it cannot see. The findings are kept on the backend's connection
+        (`audit`): an evaluation audits what arrived there since the last one.
         """
         now = self.clock()
         backend = as_backend(source)
         due = [group for group in self.groups if now >= self._next_due.get(group.name, now)]
-        if findings is None and unchanged:
-            findings = self._audited
-        views_error = self._prepare(backend, findings) if due else None
+        views_error = self._prepare(backend) if due else None
         for group in due:
             self._next_due[group.name] = now + (group.interval_s or 0.0)
             bounds = Bounds(self.bounds.timeout_s, group.limit or self.bounds.limit)
@@ -136,11 +133,11 @@ class RuleEngine:
         self.save()
         return self.alerts
 
-    def _prepare(self, backend: Backend, findings: Sequence[Finding] | None) -> str | None:
+    def _prepare(self, backend: Backend) -> str | None:
         """Refresh the views rules read (`findings`, `query_*`); what went wrong, if it did."""
         try:
             reads = [rule.expr for group in self.groups for rule in group.rules]
-            self._audited = prepare(backend, reads, skew_s=self.skew_s, findings=findings)
+            prepare(backend, reads, audit=self.audit, window_s=RULE_WINDOW_S)
         except BackendError as exc:
             return f"the views rules read could not be made: {exc}"
         except Exception as exc:  # the auditor's own failure must not stop alerting: every rule reports it

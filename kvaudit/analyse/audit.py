@@ -105,7 +105,7 @@ def findings(backend: Backend, statements: Sequence[str], *, skew_s: float) -> l
     found = []
     for statement in statements:
         columns, rows = backend.query(statement, {"kvaudit_skew_s": skew_s})
-        found += [_finding(dict(zip(columns, row))) for row in rows]
+        found += [finding_of(dict(zip(columns, row))) for row in rows]
     return sorted(found, key=sort_key)
 
 
@@ -158,7 +158,8 @@ def prepare(backend: Backend) -> None:
     backend.temp_table("dtype_sizes", sizes)
 
 
-def _finding(record: dict[str, Any]) -> Finding:
+def finding_of(record: dict[str, Any]) -> Finding:
+    """A finding from a row of an audit statement (its `fields` JSON text)."""
     fields = json.loads(record.pop("fields"))
     if isinstance(fields, dict):
         # Rules list every field they compare; those that agree come back null.

@@ -118,7 +118,8 @@ class Backend(ABC):
         The query must be one query (`one_query`); it reads the views and the temporary
         views and tables made here, and cannot write, read files, reach the network, load
         extensions or change settings (each backend says how it ensures that). It may use
-        RULE_MEMORY_BYTES of memory and spill RULE_SPILL_BYTES to disk; past them it fails.
+        RULE_MEMORY_BYTES of memory and spill RULE_SPILL_BYTES to disk beyond what is spilled already
+        (a live store's rows past its memory budget); past them it fails.
 
         Args:
             timeout_s: stop the query after this long.
@@ -179,6 +180,13 @@ class Backend(ABC):
     def repeated_spans(self) -> int:
         """Spans read a second time and dropped so far (see `kvaudit.read.span_identity`; 0 where it reads none)."""
         return 0
+
+    def row_ends(self) -> Mapping[str, int] | None:
+        """How many rows `pages`, `spans` and `read_errors` hold, numbered in the order they were taken in,
+        where the backend numbers them (a store in a DuckDB database: `kvaudit.read.store.TraceStore.row_ends`,
+        whose `kvaudit_<view>_between(first, end)` are the rows numbered from `first` to `end - 1`);
+        None elsewhere."""
+        return None
 
     @abstractmethod
     def cursor(self) -> Backend:

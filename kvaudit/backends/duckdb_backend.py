@@ -41,7 +41,7 @@ from kvaudit.read.store import TraceStore, create_views
 
 # Settings a sealed database may still change: a live store's inserts run on one thread;
 # the sandbox bounds each rule's memory and spill, and gives the rest of kvaudit its own back.
-_RULE_LIMITS: Final = {"memory_limit": f"{RULE_MEMORY_BYTES}B", "max_temp_directory_size": f"{RULE_SPILL_BYTES}B"}
+_RULE_LIMITS: Final = ("memory_limit", "max_temp_directory_size")
 _UNLOCKED: Final = ("threads", *_RULE_LIMITS)
 
 
@@ -131,6 +131,10 @@ class DuckDBBackend(Backend):
     def repeated_spans(self) -> int:
         return self.store.identities.repeats
 
+    def row_ends(self) -> dict[str, int] | None:
+        with _errors():
+            return self.store.row_ends()
+
     def cursor(self) -> DuckDBBackend:
         return DuckDBBackend(self.store.cursor(), readable=self.readable)
 
@@ -173,9 +177,15 @@ class DuckDBBackend(Backend):
 @contextmanager
 def _rule_limits(con: duckdb.DuckDBPyConnection, memory_limit: int | None) -> Iterator[None]:
     """A rule's memory and spill limits for the query in the block; after it, DuckDB's defaults,
-    or the store's own memory budget (`memory_limit`, see `kvaudit.read.store_file`)."""
-    for name, value in _RULE_LIMITS.items():
-        con.execute(f"SET {name} = {_literal(value)}")
+    or the store's own memory budget (`memory_limit`, see `kvaudit.read.store_file`).
+
+    The spill is what the rule may add to what is spilled already: a live store's rows past
+    its budget are spilled to the same directory, and a limit below them fails every rule.
+    """
+    [(spilled,)] = con.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchall()
+    limits = dict(zip(_RULE_LIMITS, (RULE_MEMORY_BYTES, int(spilled) + RULE_SPILL_BYTES), strict=True))
+    for name, value in limits.items():
+        con.execute(f"SET {name} = '{value}B'")
     try:
         yield
     finally:

@@ -281,17 +281,11 @@ def run_watch(args: argparse.Namespace) -> int:
         backend.close()
 
 
-class _Arrived:
-    """A read's rows, counted as each part of it is taken in, its unreadable lines named."""
+def _name_read_errors(tables: Tables) -> None:
+    """Name the unreadable lines of a part of a read as it is taken in."""
+    from kvaudit.present.rows import warn_read_errors
 
-    def __init__(self) -> None:
-        self.rows = 0
-
-    def add(self, tables: Tables) -> None:
-        from kvaudit.present.rows import warn_read_errors
-
-        self.rows += tables.num_rows
-        warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
+    warn_read_errors([(e["file"], e["line"], e["reason"]) for e in tables.errors.to_pylist()])
 
 
 def _watch(
@@ -303,16 +297,14 @@ def _watch(
     status = ""
     while True:
         started = time.monotonic()
-        arrived = _Arrived()
         try:
             # Only complete lines: a writer may be in the middle of the last one.
-            backend.refresh(final=False, added=arrived.add)
+            backend.refresh(final=False, added=_name_read_errors)
         except (OSError, BackendError) as exc:
             # A file rotated or a directory remounted, a disk too full to spill to: alert on
             # what was read, retry next time.
             print(visible(f"kvaudit alerts: reading traces: {exc}"), file=sys.stderr)
-        # Files that brought nothing new leave the last audit standing; ClickHouse may always hold more.
-        alerts = engine.evaluate(backend, unchanged=backend.follows_files and not arrived.rows)
+        alerts = engine.evaluate(backend)  # it audits what the read added
         dispatcher.dispatch(alerts, engine.clock())  # queued: sent by the notifiers' own threads
         if args.once:
             # Each notifier sends its batches; a failed one gives up the rest until the next evaluation.

@@ -64,10 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import msgspec
 
+    from kvaudit.analyse.live_audit import LiveAudit
     from kvaudit.receive.otlp_http import CollectorServer, parse_address
     from kvaudit.receive.trace_sink import TraceSink
     from kvaudit.tui.alerting import rule_alerting
-    from kvaudit.tui.findings import auditor
     from kvaudit.tui.source import LiveSource, snapshot
 
     if sum(map(bool, (args.paths, args.collect, args.backend))) != 1:
@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     window = window_named(args.window)
     if args.rules and not Path(args.rules).is_file():
         raise InputError(f"{args.rules}: no such rule file")
+    audit = LiveAudit(skew_s=args.skew)  # the findings panel's, which the rules read too
     # The default pack without --rules.
-    alerting = rule_alerting(args.rules, skew_s=args.skew, timeout_s=rule_timeout(args))
+    alerting = rule_alerting(args.rules, skew_s=args.skew, timeout_s=rule_timeout(args), audit=audit)
     with ExitStack() as stack:
         if args.collect:
             with user_files():
@@ -94,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(
                 "stdout is not a terminal: the live view needs one (--snapshot prints its figures as JSON)"
             )
-        source = LiveSource(
-            backend, auditor=auditor(args.skew), alerting=alerting, alerts_source=alerting.name, skew_s=args.skew
-        )
+        source = LiveSource(backend, auditor=audit, alerting=alerting, alerts_source=alerting.name, skew_s=args.skew)
         stack.callback(source.close)
         if args.snapshot:
             encoder = msgspec.json.Encoder(enc_hook=str)  # a finding's field values may be any type

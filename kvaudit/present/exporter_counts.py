@@ -134,7 +134,7 @@ class ExporterCounts:
         counts.fetches = {replica: list(columns) for replica, *columns in backend.query(FETCH_SPANS)[1]}
         counts.pages = Counter({(replica, op): count for replica, op, count in backend.query(PAGES)[1]})
         [(counts.read_errors,)] = backend.query(READ_ERRORS)[1]
-        prepare(backend, [CROSS_REPLICA], findings=[])
+        prepare(backend, [CROSS_REPLICA], audit=None)
         crossed = backend.query(CROSS_REPLICA, {"kvaudit_skew_s": skew_s})[1]
         counts.cross = Counter({(consumer, producer): tokens for consumer, producer, tokens in crossed})
         return counts

@@ -1,10 +1,11 @@
 """Derived metrics for Prometheus: what `kvaudit exporter` serves on /metrics.
 
 Counters add what each read of the trace files took in (`exporter_counts`); the audit's
-findings and the reuse left on the table are figured over the whole history by the
-views, the named queries and the auditor (see `kvaudit.analyse.derived_views`), in the
-background; a scrape serves the last figures of both (`TraceMetrics`). Names are defined OTel-style (dotted,
-with a UCUM unit) and translated the way OpenTelemetry's Prometheus exporter does
+findings are brought up to date by auditing what arrived (`kvaudit.analyse.live_audit`)
+and the reuse left on the table is figured over the whole history by its named query
+(see `kvaudit.analyse.derived_views`), in the background; a scrape serves the last
+figures of both (`TraceMetrics`). Names are defined OTel-style (dotted, with a UCUM
+unit) and translated the way OpenTelemetry's Prometheus exporter does
 (`kvaudit.fetch.duration` in `s` → `kvaudit_fetch_duration_seconds`), so dashboards
 built on either path agree.
 """
@@ -23,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from kvaudit.analyse.derived_views import prepare
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.backends import Backend
 from kvaudit.backends.duckdb_backend import Tables
 from kvaudit.causes import MISSES
@@ -119,8 +121,8 @@ _REUSE_COLUMNS: Final = ("prompt_tokens", "hit_tokens", "achievable_tokens", *(c
 _REUSE_LEFT: Final = f"""
     SELECT replica, {", ".join(f"coalesce(sum({column}), 0)" for column in _REUSE_COLUMNS)}
     FROM query_reuse_left GROUP BY replica ORDER BY replica"""
-# How often the findings and the reuse left are figured again at most (over the whole history:
-# they are not sums of what arrived), and how long the reader rests once caught up.
+# How often the findings and the reuse left are figured again at most (the reuse left over the
+# whole history: it is not a sum of what arrived), and how long the reader rests once caught up.
 ANALYSE_EVERY_S: Final = 60.0
 READ_PAUSE_S: Final = 1.0
 
@@ -149,9 +151,9 @@ class TraceMetrics(Collector):
     """A prometheus_client collector that serves the last figures; threads of its own make them.
 
     A reader thread takes in what was appended to the trace files and adds each part's
-    rows to the counters (`ExporterCounts`) as it is read; an analyser thread figures the
-    findings and the reuse left over the whole history, at most every `analyse_every_s`
-    and only when rows arrived. A scrape only copies the last figures: it never waits for
+    rows to the counters (`ExporterCounts`) as it is read; an analyser thread audits what
+    arrived (`LiveAudit`) and figures the reuse left over the whole history, at most every
+    `analyse_every_s` and only when rows arrived. A scrape only copies the last figures: it never waits for
     a read or a query, and answers from the first moment (`kvaudit_exporter_behind_bytes`
     says how much is still to read). A backend that reads no files (ClickHouse, an
     ingested database) has its counters figured by the full queries, by the analyser.
@@ -177,6 +179,7 @@ class TraceMetrics(Collector):
         self._read_pause_s = read_pause_s
         self._lock = threading.Lock()  # held only to change or copy the figures
         self._counts = ExporterCounts(skew_s=skew_s, lock=self._lock)
+        self._audit = LiveAudit(skew_s=skew_s)  # on the analyser's connection: it audits what arrived
         self._analysis: _Analysis | None = None
         self._behind = backend.behind_bytes()
         self._reads = 0  # reads done
@@ -263,7 +266,7 @@ class TraceMetrics(Collector):
             self._stop.wait(max(self._analyse_every_s - (time.monotonic() - started), 0))
 
     def _analyse_once(self, backend: Backend) -> None:
-        prepare(backend, [_REUSE_LEFT], skew_s=self._skew_s)
+        prepare(backend, [_REUSE_LEFT], audit=self._audit)
         analysis = _Analysis(backend.query(_FINDINGS)[1], backend.query(_REUSE_LEFT)[1])
         counts = None if self.backend.follows_files else ExporterCounts.of_history(backend, skew_s=self._skew_s)
         with self._lock:

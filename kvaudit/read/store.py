@@ -44,6 +44,8 @@ _VIEWS: Final = {
     "replicas": "SELECT DISTINCT * FROM kv_resources",
     "read_errors": "SELECT * FROM kv_read_errors",
 }
+# The views whose rows a store in a database numbers in the order it took them in (`TraceStore.row_ends`).
+NUMBERED: Final = ("pages", "spans", "read_errors")
 # Where a repeated span may have been let through (see `span_identity`): the views keep
 # the first row of each (trace id, span id), by file and line, and that row's pages.
 # Rows without ids (absent or empty) have no identity and are all kept.
@@ -89,9 +91,9 @@ class TraceStore:
         memory_limit: bytes DuckDB may hold in memory, rows and queries (the rest of a
             database file's rows stay in it, the rest of `:memory:`'s are spilled to
             `spill`); None: DuckDB's default (most of the machine's memory).
-        spill: a directory of its own for what DuckDB spills past `memory_limit`, removed
-            by `close()`; None: DuckDB's default (`.tmp` beside a database file, or in the
-            working directory).
+        spill: a directory of its own for what DuckDB spills past `memory_limit` (and a live
+            command's database file, `store_file`), removed by `close()`; None: DuckDB's
+            default (`.tmp` beside a database file, or in the working directory).
 
     Raises:
         FileNotFoundError: a path matches nothing.
@@ -153,6 +155,7 @@ class TraceStore:
         self._con = con
         self._rows = rows
         self._registered = -1  # the version of Arrow rows registered on `con`
+        self._numbered: bool | None = None  # whether the `kv_*` tables are a database's (unknown: None)
 
     @property
     def follows_files(self) -> bool:
@@ -178,6 +181,7 @@ class TraceStore:
         other = TraceStore.over(self._con.cursor())
         other._rows = self._rows if isinstance(self._rows, ArrowTables) else None
         other.memory_limit = self.memory_limit  # the database's: a setting of all its connections
+        other._one_per_identity = self._one_per_identity  # so are its views
         return other
 
     def refresh(
@@ -224,6 +228,35 @@ class TraceStore:
         self._con.register("_positions", positions.table_of(self.cursors))
         self._con.execute(f"INSERT OR REPLACE INTO {positions.TABLE} SELECT * FROM _positions")
         self._con.unregister("_positions")
+
+    def row_ends(self) -> dict[str, int] | None:
+        """How many rows each view of `NUMBERED` holds, numbered in the order the store took them in.
+
+        The rows of a view numbered `first` to `end - 1` are the table function
+        `kvaudit_<view>_between(first, end)` on this connection (`kvaudit_pages_between`):
+        a reader that saw `end` rows once finds what arrived since without a look at the rest.
+        Rows are only ever added, so a number names the same row for good.
+
+        Returns:
+            View -> rows; None where rows are not numbered: held as Arrow or read in place from
+            Parquet, or under views that keep one row per span identity (`create_views`).
+        """
+        if self._numbered is None:
+            tables = {f"kv_{name}" for name in NUMBERED}
+            [(found,)] = self._con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ?", [list(tables)]
+            ).fetchall()
+            self._numbered = found == len(tables)
+            for name in NUMBERED if self._numbered else ():
+                self._con.execute(
+                    f"CREATE OR REPLACE TEMP MACRO kvaudit_{name}_between(first, last) AS TABLE"
+                    f" {_VIEWS[name]} WHERE rowid >= first AND rowid < last"
+                )
+        if not self._numbered or self._one_per_identity:
+            return None
+        ends = ", ".join(f"(SELECT coalesce(max(rowid) + 1, 0) FROM kv_{name})" for name in NUMBERED)
+        [row] = self._con.execute(f"SELECT {ends}").fetchall()
+        return dict(zip(NUMBERED, row))
 
     def pending_bytes(self) -> int:
         """Bytes in the files not read yet (for progress bars)."""

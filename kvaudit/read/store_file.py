@@ -9,8 +9,10 @@ them whole every time. The stores here do neither:
   `explain` over a fleet's directory then costs what arrived since the last look, not the
   history (docs/design.md section 3.9).
 - **A live command given none** (`exporter`, `alerts watch`, the TUI) keeps its rows in
-  DuckDB's memory and spills what is past the budget to a temporary directory of its own,
-  removed when it ends.
+  a database file of a temporary directory of its own (with what DuckDB spills), removed
+  when it ends. A file, not DuckDB's memory: DuckDB compresses the row groups of a file and
+  not those in memory, so 10M page rows take 0.3 GiB there and 7.7 GiB spilled from memory,
+  and every look at the history reads them back.
 
 Either way DuckDB holds at most `MEMORY_BYTES` in memory, and a refresh commits as it goes
 (`database_tables.COMMIT_ROWS`): a read of any length takes the same memory
@@ -20,6 +22,7 @@ another given the same file is refused, naming the process that holds it.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -38,9 +41,8 @@ MEMORY_BYTES: Final = 1 << 30
 
 
 def open_bounded_store(paths: Sequence[str], database: str | None, *, workers: int | None = None) -> TraceStore:
-    """A store over trace paths in `database` (a `.duckdb` file, made if absent), or in memory
-    spilling past `MEMORY_BYTES` where `database` is None (a live command's); nothing read
-    yet (see `TraceStore.refresh`).
+    """A store over trace paths in `database` (a `.duckdb` file, made if absent), or in a temporary
+    directory's where `database` is None (a live command's); nothing read yet (see `TraceStore.refresh`).
 
     Raises:
         InputError: the file is held by another process, or is no DuckDB database.
@@ -49,7 +51,11 @@ def open_bounded_store(paths: Sequence[str], database: str | None, *, workers: i
     if database is None:
         spill = tempfile.TemporaryDirectory(prefix="kvaudit-store-")
         try:
-            return TraceStore(paths, ":memory:", workers=workers, memory_limit=MEMORY_BYTES, spill=spill)
+            try:
+                live = os.path.join(spill.name, "live.duckdb")
+                return TraceStore(paths, live, workers=workers, memory_limit=MEMORY_BYTES, spill=spill)
+            except duckdb.IOException:  # a disk too full for the file: the rows in memory, while it holds them
+                return TraceStore(paths, ":memory:", workers=workers, memory_limit=MEMORY_BYTES, spill=spill)
         except BaseException:
             spill.cleanup()
             raise

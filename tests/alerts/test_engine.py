@@ -237,29 +237,31 @@ def test_views_that_cannot_be_made_fail_every_rule_and_stop_nothing(
     }
 
 
-def test_traces_that_brought_nothing_new_are_not_audited_again(
-    tmp_path: Path, store: TraceStore, monkeypatch: pytest.MonkeyPatch
-):
-    """An audit reads the whole history, and its findings are a function of what the traces
-    hold: an evaluation after a read that added nothing keeps the last audit's findings."""
-    import kvaudit.analyse.derived_views as derived_views
+def test_an_evaluation_audits_what_arrived_since_the_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The findings are kept (`LiveAudit`): the first evaluation audits the history, a later one
+    what arrived since, and one after a read that added nothing audits nothing."""
+    import kvaudit.analyse.live_audit as live_audit
 
-    audits = []
-    real_audit = derived_views.run_audit
+    audited = []
+    real_query = live_audit.audit_query
 
-    def counted(*args: object, **kwargs: object) -> object:
-        audits.append(1)
-        return real_audit(*args, **kwargs)  # type: ignore[arg-type]
+    def counted(rules: list[str] | None = None, **kwargs: object) -> str:
+        audited.append("all" if rules is None else "pages" if "pages" in kwargs else "traces")
+        return real_query(rules, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(derived_views, "run_audit", counted)
-    clock = Clock()
+    monkeypatch.setattr(live_audit, "audit_query", counted)
+    clock, store = Clock(), TraceStore(database=":memory:")
+    store.con.execute("CREATE TABLE condition (replica VARCHAR, value DOUBLE)")
     engine = _engine(tmp_path, clock)
-    _holds(store, r1=1)
-    engine.evaluate(store, unchanged=True)  # the first evaluation audits whatever it is told
-    clock.advance(60)
-    engine.evaluate(store, unchanged=True)
-    assert len(audits) == 1
-    assert store.query("SELECT count(*) FROM findings")[1] == [(0,)]  # the view still stands
-    clock.advance(60)
-    engine.evaluate(store)  # rows arrived
-    assert len(audits) == 2
+    engine.evaluate(store)
+    clock.advance(3600)
+    engine.evaluate(store)
+    assert audited == ["all"]
+    store.con.execute(
+        "INSERT INTO kv_pages BY NAME SELECT 'fetch' AS op, 'k' AS key, 1 AS time_ns, 't' AS trace_id, 's' AS span_id"
+    )
+    clock.advance(3600)
+    engine.evaluate(store)
+    assert audited == ["all", "pages"]
+    # A page without its metadata, fetched and never stored.
+    assert store.query("SELECT code FROM findings ORDER BY code")[1] == [("KVA001",), ("KVA006",)]

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.alerts.engine import RuleEngine
+from kvaudit.alerts.engine import RULE_WINDOW_S, RuleEngine
 from kvaudit.alerts.instances import AlertState
 from kvaudit.alerts.rules import load_default_pack
+from kvaudit.analyse.derived_views import prepare
+from kvaudit.backends import as_backend
 from kvaudit.cli import main
 from kvaudit.read.open import open_store
 
@@ -182,3 +184,21 @@ def test_a_simulated_rolling_upgrade_pages_and_clean_traffic_is_silent(
     rules = {label for r in rows for label in r["labels"].split(", ") if label.startswith("rule=")}
     assert rules == {"rule=KVA005,KVA008"}
     assert len({r["labels"] for r in rows}) == len(rows)
+
+
+def test_rules_read_the_reuse_left_of_their_window(tmp_path: Path):
+    """Explaining a whole history outlasts a rule's time limit: the views that explain requests
+    hold, for rules, the requests looked up within `RULE_WINDOW_S` before the newest span."""
+    assert main(["simulate", "--out", str(tmp_path), "--duration", "9000", "--rate", "0.01", "-q"]) == 0
+    backend = as_backend(open_store([str(tmp_path / "traces")]))
+    buckets = "SELECT replica, epoch(bucket_start) AS start, requests, prompt_tokens FROM query_reuse_left"
+    prepare(backend, [buckets], audit=None)
+    everything = backend.query(buckets)[1]
+    prepare(backend, [buckets], audit=None, window_s=RULE_WINDOW_S)
+    windowed = backend.query(buckets)[1]
+    [(newest,)] = backend.query("SELECT max(end_ns) / 1e9 FROM spans")[1]
+    since = newest - RULE_WINDOW_S
+    assert min(row[1] for row in everything) < since - 3600  # hours of history before the window
+    assert min(row[1] for row in windowed) >= since - 60  # a bucket starts at most its width before
+    whole_buckets = sorted(row for row in everything if row[1] >= since)
+    assert sorted(row for row in windowed if row[1] >= since) == whole_buckets and whole_buckets

@@ -10,24 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from kvaudit.analyse.audit import Finding, run_audit
 from kvaudit.analyse.named_queries import run_named
 from kvaudit.backends.duckdb_backend import DuckDBBackend
-from kvaudit.contract import Hook, Op, Outcome, PageDescriptor
-from kvaudit.emit.emitter import Emitter
+from kvaudit.contract import PageDescriptor
 from kvaudit.tui.figures import Analysis, compute_figures
 from kvaudit.tui.producers import ProducerIndex
 from kvaudit.tui.window import window_named
 
-from ..support.fleet import Fleet, page
-from ..support.pages import KV
+from ..support.fleet import Fleet
+from ..support.layers import CHUNK, Layers, block_pages, chunk_page
 
-BLOCK, CHUNK = 32, 256
-VLLM_KV = msgspec.structs.replace(KV, layout="KV_2LTD", hash_algo="sha256")
-LMCACHE_KV = msgspec.structs.replace(VLLM_KV, block_size=CHUNK, hash_algo="builtin")
 # A replica that splits the same width into other heads: LMCache's keys cannot tell.
 SPLIT = {"kv_heads": 1, "head_size": 64}
 
@@ -37,73 +32,11 @@ def fleet(trace_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
     return Fleet(trace_dir, monkeypatch)
 
 
-def _chunk(key: str, *, used: bool | None = None, **changes: object) -> PageDescriptor:
-    """An LMCache chunk page as LMCache's hook records it from `lm://` (no head split travels)."""
-    fields: dict[str, object] = {
-        "hash_algo": "builtin",
-        "token_end": CHUNK,
-        "shape": (2, 2, CHUNK, 64),
-        "layout": "KV_2LTD",
-        "bytes": 2 * 2 * CHUNK * 64 * 2,
-        "kv_heads": None,
-        "head_size": None,
-        "checksum": None,
-        "used": used,
-    }
-    return page(key, 0, **(fields | changes))
-
-
-def _blocks(chunk: str, *, used: bool | None = None, source: bool = True) -> list[PageDescriptor]:
-    """The vLLM layer's pages of the chunk's blocks: key, hash algorithm, token range."""
-    return [
-        PageDescriptor(
-            key=f"b{index}",
-            hash_algo="sha256",
-            token_start=index * BLOCK,
-            token_end=(index + 1) * BLOCK,
-            used=used,
-            source_key=chunk if source else None,
-        )
-        for index in range(CHUNK // BLOCK)
-    ]
-
-
-class Layers:
-    """One replica's two processes' emitters: its vLLM layer and its LMCache layer."""
-
-    def __init__(self, fleet: Fleet, name: str, **geometry: object) -> None:
-        self.fleet = fleet
-        self.vllm = fleet.replica(name, msgspec.structs.replace(VLLM_KV, **geometry))
-        self.lmcache = fleet.replica(name, msgspec.structs.replace(LMCACHE_KV, **geometry), engine="lmcache")
-
-    def store(self, chunk: PageDescriptor) -> None:
-        with self.vllm.operation(Op.STORE, hook=Hook.VLLM_CONNECTOR, request_id="q") as above:
-            self._below(Op.STORE, Hook.LMCACHE_BACKEND, above.context, [chunk])
-            for block in _blocks(chunk.key or ""):
-                above.add_page(block)
-            above.end(tokens_stored=CHUNK)
-
-    def fetch(self, chunk: PageDescriptor | None, blocks: list[PageDescriptor], *, other_trace: bool = False) -> None:
-        with self.vllm.operation(Op.FETCH, hook=Hook.VLLM_CONNECTOR, request_id="q") as above:
-            if chunk is not None:
-                self._below(Op.FETCH, Hook.LMCACHE_ENGINE, None if other_trace else above.context, [chunk])
-            for block in blocks:
-                above.add_page(block)
-            above.end(Outcome.HIT, tokens_hit=CHUNK)
-
-    def _below(self, op: Op, hook: Hook, parent: object, pages: list[PageDescriptor]) -> None:
-        emitter: Emitter = self.lmcache
-        with emitter.operation(op, hook=hook, request_id="q", parent=parent) as below:  # type: ignore[arg-type]
-            for chunk in pages:
-                below.add_page(chunk)
-            below.end(Outcome.HIT)
-
-
 def _stored(fleet: Fleet, chunk: PageDescriptor | None = None, **consumer_geometry: object) -> Layers:
     """r1 stores `chunk` (default c1) at time 0; r2, ready to read it at time 5."""
     producer, consumer = Layers(fleet, "r1"), Layers(fleet, "r2", **consumer_geometry)
     fleet.at(0)
-    producer.store(chunk or _chunk("c1"))
+    producer.store(chunk or chunk_page("c1"))
     fleet.at(5)
     return consumer
 
@@ -122,16 +55,16 @@ def _by_layer(findings: list[Finding]) -> list[tuple[str, str, str]]:
 
 
 def test_clean_reuse_through_both_layers_has_no_findings(fleet: Fleet):
-    _stored(fleet).fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    _stored(fleet).fetch(chunk_page("c1", used=True), block_pages("c1", used=True))
     assert _audit(fleet) == []
 
 
 def test_a_block_whose_chunk_is_not_in_its_trace_is_still_incomplete(fleet: Fleet):
     consumer = _stored(fleet)
     # No LMCache page at all, then one in another trace: neither describes these blocks.
-    consumer.fetch(None, _blocks("c1", used=True))
+    consumer.fetch(None, block_pages("c1", used=True))
     fleet.at(6)
-    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True), other_trace=True)
+    consumer.fetch(chunk_page("c1", used=True), block_pages("c1", used=True), other_trace=True)
     findings = _audit(fleet)
     assert _by_layer(findings) == [("KVA001", "critical", "vllm")] * 16
     assert all(f.fields == ["model", "dtype", "shape", "layout", "bytes", "world_size", "rank"] for f in findings)
@@ -139,14 +72,14 @@ def test_a_block_whose_chunk_is_not_in_its_trace_is_still_incomplete(fleet: Flee
 
 def test_a_block_without_a_source_is_judged_alone(fleet: Fleet):
     consumer = _stored(fleet)
-    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True, source=False))
+    consumer.fetch(chunk_page("c1", used=True), block_pages("c1", used=True, source=False))
     assert _by_layer(_audit(fleet)) == [("KVA001", "critical", "vllm")] * 8
 
 
 def test_a_chunk_missing_metadata_leaves_its_blocks_incomplete(fleet: Fleet):
     consumer = _stored(fleet)
-    bare = _chunk("c1", used=False, dtype=None, shape=None, layout=None)
-    consumer.fetch(bare, _blocks("c1", used=False))
+    bare = chunk_page("c1", used=False, dtype=None, shape=None, layout=None)
+    consumer.fetch(bare, block_pages("c1", used=False))
     findings = _audit(fleet)
     # Rejected by the guard on both layers: safe misses, warnings.
     assert _by_layer(findings) == [("KVA001", "warning", "lmcache")] + [("KVA001", "warning", "vllm")] * 8
@@ -154,8 +87,8 @@ def test_a_chunk_missing_metadata_leaves_its_blocks_incomplete(fleet: Fleet):
 
 
 def test_a_head_split_the_keys_cannot_tell_is_caught_on_both_layers(fleet: Fleet):
-    consumer = _stored(fleet, _chunk("c1", kv_heads=2, head_size=32), **SPLIT)
-    consumer.fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    consumer = _stored(fleet, chunk_page("c1", kv_heads=2, head_size=32), **SPLIT)
+    consumer.fetch(chunk_page("c1", used=True), block_pages("c1", used=True))
     findings = _audit(fleet)
     assert _by_layer(findings) == [("KVA005", "critical", "lmcache")] + [("KVA005", "critical", "vllm")] * 8
     for finding in findings:
@@ -165,7 +98,7 @@ def test_a_head_split_the_keys_cannot_tell_is_caught_on_both_layers(fleet: Fleet
 
 
 def test_cross_replica_reuse_counts_each_transfer_once(fleet: Fleet):
-    _stored(fleet).fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    _stored(fleet).fetch(chunk_page("c1", used=True), block_pages("c1", used=True))
     store = fleet.open()
     try:
         columns, rows = run_named(store, "cross_replica_reuse")
@@ -178,7 +111,7 @@ def test_cross_replica_reuse_counts_each_transfer_once(fleet: Fleet):
 
 @pytest.mark.parametrize("indexed", [True, False])
 def test_the_tuis_reuse_matrix_counts_each_transfer_once(fleet: Fleet, trace_dir: Path, indexed: bool):
-    _stored(fleet).fetch(_chunk("c1", used=True), _blocks("c1", used=True))
+    _stored(fleet).fetch(chunk_page("c1", used=True), block_pages("c1", used=True))
     store = fleet.open()
     # Indexed: the producer index the TUI keeps over DuckDB; else the join it runs elsewhere.
     if indexed:

@@ -72,8 +72,8 @@ def test_the_tui_critical_column_counts_pages(demo):
 
 
 def test_the_alert_fires_once_per_replica_counting_pages(demo):
-    result, store, findings = demo
-    alerts = RuleEngine(load_default_pack()).evaluate(store, findings=findings)
+    result, store, _ = demo
+    alerts = RuleEngine(load_default_pack()).evaluate(store)
     critical = [a for a in alerts if a.alertname == "KVAuditCriticalFinding" and a.state is AlertState.FIRING]
     assert {a.labels["replica"]: a.value for a in critical} == _bad_pages(result)
     assert {a.labels["rule"] for a in critical} <= {"KVA001,KVA002", "KVA001,KVA002,KVA005,KVA008", "KVA005,KVA008"}

@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, TracesData
 
+from kvaudit.backends import duckdb_backend
 from kvaudit.backends.base import RULE_MEMORY_BYTES
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.cli import main
@@ -105,6 +106,32 @@ def test_each_rule_runs_under_its_memory_and_spill_limits(trace_dir: Path):
     inside = backend.sandboxed(setting, timeout_s=10, max_rows=10).to_pylist()
     assert inside == [{"m": "2.0 GiB", "t": "4.0 GiB"}] and RULE_MEMORY_BYTES == 2 << 30
     assert backend.query(setting)[1] == before  # the rest of kvaudit has its own back
+
+
+def test_a_rule_spills_beyond_what_a_live_stores_rows_spilled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A store in memory (a live one where its directory takes no file) spills its rows past its
+    budget to the directory rules spill to: a rule's spill limit below them would fail every
+    rule (10M page rows spill 7.7 GiB)."""
+    monkeypatch.setattr(duckdb_backend, "RULE_SPILL_BYTES", 1 << 20)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    store = TraceStore(database=":memory:", memory_limit=32 << 20, spill=_Directory(str(spill)))
+    store.con.execute("CREATE TABLE filler AS SELECT range AS i, md5(range::VARCHAR) AS s FROM range(3000000)")
+    backend = DuckDBBackend(store)
+    [(spilled,)] = backend.query("SELECT sum(size) FROM duckdb_temporary_files()")[1]
+    assert spilled > 1 << 20
+    assert backend.sandboxed("SELECT count(*) AS n FROM pages", timeout_s=10, max_rows=10).to_pylist() == [{"n": 0}]
+    backend.close()
+
+
+class _Directory:
+    """A directory of the test's as the store's spill directory (`close()` cleans it up)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def cleanup(self) -> None:
+        pass
 
 
 _QUERY_INTERRUPTED = r"""

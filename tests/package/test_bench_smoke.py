@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # A line each benchmark prints with its figures.
 PRINTS = {
+    "alerts": "evaluation after",
     "audit": "capacity curve,",
     "emission": "µs per page descriptor",
     "explain": "explain one request",

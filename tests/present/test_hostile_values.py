@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from rich.text import Text
 
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.present.rows import write_rows
 from kvaudit.read.store import TraceStore
 from kvaudit.tui.alerting import rule_alerting
 from kvaudit.tui.app import KvauditApp
-from kvaudit.tui.findings import auditor
 from kvaudit.tui.screens.drill import DrillScreen
 from kvaudit.tui.source import LiveSource
 from kvaudit.tui.widgets.findings_table import FindingsTable
@@ -100,7 +100,7 @@ def test_csv_on_a_terminal_is_escaped():
 def test_the_tui_shows_them_as_text(hostile: Path):
     source = LiveSource(
         TraceStore([hostile], workers=1),
-        auditor=auditor(1.0),
+        auditor=LiveAudit(skew_s=1.0),
         alerting=rule_alerting(str(hostile.parent / "rules.yaml")),
         audit_interval_s=0,
     )

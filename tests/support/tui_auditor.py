@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvaudit.analyse.audit import Finding
-from kvaudit.read.store import TraceStore
+from kvaudit.backends import Backend
 
 
 @dataclass
@@ -30,31 +30,39 @@ class Planted:
 class ScriptedAuditor:
     planted: list[Planted] = field(default_factory=list)
     calls: int = 0
+    _rows: list[tuple[Any, ...]] = field(default_factory=list)  # the planted pages read, at the last update
 
-    def __call__(self, store: TraceStore) -> list[Finding]:
+    def update(self, backend: Backend) -> bool:
         self.calls += 1
         # One statement, so one snapshot: the store commits a refresh while an audit runs,
         # and a query per plant could find one planted page read and the other not yet.
-        _, rows = store.query(
-            "SELECT key, replica, trace_id, span_id FROM pages WHERE op = 'fetch' AND list_contains($keys, key)",
+        _, self._rows = backend.query(
+            "SELECT p.key, p.replica, p.trace_id, p.span_id, s.end_ns FROM pages p"
+            " JOIN spans s USING (trace_id, span_id) WHERE p.op = 'fetch' AND list_contains($keys, p.key)",
             {"keys": [plant.key for plant in self.planted]},
         )
+        return True
+
+    def findings(self, backend: Backend) -> list[tuple[Finding, int | None]]:
         findings = []
         for plant in self.planted:
             findings += [
-                Finding(
-                    plant.code,
-                    plant.rule,
-                    plant.severity,
-                    replica,
-                    plant.key,
-                    trace_id,
-                    span_id,
-                    plant.fields,
-                    plant.message,
-                    plant.producer,
+                (
+                    Finding(
+                        plant.code,
+                        plant.rule,
+                        plant.severity,
+                        replica,
+                        plant.key,
+                        trace_id,
+                        span_id,
+                        plant.fields,
+                        plant.message,
+                        plant.producer,
+                    ),
+                    end_ns,
                 )
-                for key, replica, trace_id, span_id in rows
+                for key, replica, trace_id, span_id, end_ns in self._rows
                 if key == plant.key
             ]
         return findings

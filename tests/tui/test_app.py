@@ -256,7 +256,7 @@ def test_at_80x24_every_key_shows_ctrl_c_quits_and_the_alerts_panel_scrolls(flee
     async def scenario() -> None:
         fleet.conversation("r1", "r2", 0)
         store = TraceStore([trace_dir], workers=1)
-        source = LiveSource(store, auditor=None, alerting=lambda backend, findings: alerts, audit_interval_s=0)
+        source = LiveSource(store, auditor=None, alerting=lambda backend: alerts, audit_interval_s=0)
         app = KvauditApp(source, watching=str(trace_dir), interval_s=0.25)
         async with app.run_test(size=(80, 24)) as pilot:
             await until(lambda: app.main.figures is not None and app.main.figures.alerts == alerts)

@@ -26,7 +26,10 @@ def test_filter_terms_and_bare_words():
 
 def test_filter_narrows_findings_replicas_and_cells():
     rows = finding_rows(
-        [finding("KVA004", "critical", "r2", "ab12"), finding("KVA001", "warning", "r3", "cd34", "incomplete-metadata")]
+        [
+            (finding("KVA004", "critical", "r2", "ab12"), None),
+            (finding("KVA001", "warning", "r3", "cd34", "incomplete-metadata"), None),
+        ]
     )
     assert [r.code for r in rows if Filter.parse("rule:kva004").keeps_finding(r)] == ["KVA004"]
     assert [r.code for r in rows if Filter.parse("rule:incomplete").keeps_finding(r)] == ["KVA001"]
@@ -39,7 +42,7 @@ def test_filter_narrows_findings_replicas_and_cells():
 
 
 def test_findings_critical_first_and_missing_fields_named():
-    rows = finding_rows([finding("KVA006", "info", "r1", "a"), finding("KVA004", "critical", "r2", "b")])
+    rows = finding_rows([(finding("KVA006", "info", "r1", "a"), 1), (finding("KVA004", "critical", "r2", "b"), None)])
     assert [r.severity for r in rows] == ["critical", "info"]
     assert rows[0].fields == {"model": {}}
     mapped = FindingRow.of(Finding("KVA004", "x", "critical", "r", "k", None, None, {"dtype": {"fetched": 1}}, "m"))

@@ -71,7 +71,7 @@ def snapshot_app(trace_dir: Path, auditor: ScriptedAuditor | None, alerts: bool 
     source = LiveSource(
         TraceStore([trace_dir], workers=1),
         auditor=auditor,
-        alerting=(lambda backend, findings: ALERTS) if alerts else None,
+        alerting=(lambda backend: ALERTS) if alerts else None,
         audit_interval_s=0,
     )
     return KvauditApp(source, watching="traces/", interval_s=0.2)

@@ -17,7 +17,7 @@ from textual.geometry import Region
 from textual.widgets import DataTable
 
 from kvaudit.alerts.rules import load_default_pack
-from kvaudit.analyse.audit import Finding
+from kvaudit.backends import Backend
 from kvaudit.read.store import TraceStore
 from kvaudit.tui import cells
 from kvaudit.tui.alerting import DEFAULT_PACK, rule_alerting
@@ -100,10 +100,10 @@ class BlockedAuditor(ScriptedAuditor):
         self.release = threading.Event()
         self.started = threading.Event()
 
-    def __call__(self, store: TraceStore) -> list[Finding]:
+    def update(self, backend: Backend) -> bool:
         self.started.set()
         assert self.release.wait(30), "the test never released the audit"
-        return super().__call__(store)
+        return super().update(backend)
 
 
 def test_not_yet_audited_is_not_zero(fleet: Fleet, trace_dir: Path):
