@@ -27,6 +27,7 @@ from typing import Final
 from bench.common import machine, smoke
 from bench.copied_fleet import copied_fleet
 from kvaudit.analyse.derived_views import prepare
+from kvaudit.analyse.live_audit import LiveAudit
 from kvaudit.backends.duckdb_backend import DuckDBBackend
 from kvaudit.present.exporter_counts import ExporterCounts
 from kvaudit.read.open import open_store
@@ -58,7 +59,7 @@ def _full_recompute(traces: Path) -> tuple[float, float]:
     started = time.perf_counter()
     ExporterCounts.of_history(backend)
     reuse = "SELECT replica, sum(prompt_tokens) FROM query_reuse_left GROUP BY replica"
-    prepare(backend, [reuse])
+    prepare(backend, [reuse], audit=LiveAudit())
     backend.query("SELECT code, count(*) FROM findings GROUP BY code")
     backend.query(reuse)
     recompute_s = time.perf_counter() - started
