@@ -15,9 +15,10 @@ alert rules and the exporter read) and, at each `update`, audits again only the 
 
 Such a trace is audited whole: its fetched pages, with the stores of their keys from
 `lookback_s` before its first fetch on (the rule of the audit by partition,
-`audit_partitions`). The findings are the whole audit's whenever the first store of each
-fetched key lies within `lookback_s` before the fetch, and each request's fetches within
-`lookback_s` of one another. The rules over the traces as a whole (KVA007, over spans
+`audit_partitions`, by which the first update audits the history, in bounded memory).
+The findings are the whole audit's whenever the first store of each fetched key lies
+within `lookback_s` before the fetch, and each request's fetches within `lookback_s` of
+one another. The rules over the traces as a whole (KVA007, over spans
 and unreadable lines) run again, whole, when spans or unreadable lines arrived.
 
 What arrived is what the store numbered since the last look (`Backend.row_ends`): a
@@ -46,7 +47,7 @@ from kvaudit.analyse.audit import (
     sort_key,
     trace_rules,
 )
-from kvaudit.analyse.audit_partitions import LOOKBACK_S
+from kvaudit.analyse.audit_partitions import LOOKBACK_S, plan
 from kvaudit.backends import Backend
 from kvaudit.contract import Op
 
@@ -92,9 +93,12 @@ class LiveAudit:
         audited = _audited(backend)
         if audited == ends:
             return False
-        if audited is None:
+        if audited is None:  # the history, a partition at a time: in one statement, 100M page rows outgrow 1 GiB
             prepare(backend)
-            self._run(backend, f"CREATE OR REPLACE TEMP TABLE {FINDINGS_TABLE} AS {_timed(audit_query())}")
+            self._run(backend, f"CREATE OR REPLACE TEMP TABLE {FINDINGS_TABLE} AS {_timed(audit_query(trace_rules()))}")
+            for partition in plan(backend):
+                found = _timed(audit_query(page_rules(), pages=partition.pages(self._lookback_ns / 1e9)))
+                self._run(backend, f"INSERT INTO {FINDINGS_TABLE} {found}")
         else:
             if ends["pages"] != audited["pages"]:
                 self._audit_traces_of(backend, audited["pages"], ends["pages"])

@@ -256,12 +256,12 @@ def test_an_evaluation_audits_what_arrived_since_the_last(tmp_path: Path, monkey
     engine.evaluate(store)
     clock.advance(3600)
     engine.evaluate(store)
-    assert audited == ["all"]
+    assert audited == ["traces"]  # the history: the trace rules, and the page rules of each partition (none)
     store.con.execute(
         "INSERT INTO kv_pages BY NAME SELECT 'fetch' AS op, 'k' AS key, 1 AS time_ns, 't' AS trace_id, 's' AS span_id"
     )
     clock.advance(3600)
     engine.evaluate(store)
-    assert audited == ["all", "pages"]
+    assert audited == ["traces", "pages"]
     # A page without its metadata, fetched and never stored.
     assert store.query("SELECT code FROM findings ORDER BY code")[1] == [("KVA001",), ("KVA006",)]
