@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 RESOLVED_RETENTION_S: Final = 15 * 60.0
 # The requests the views that explain requests (`query_reuse_left`, ...) hold for rules: those
 # looked up within this long before the newest span, the default pack's window over them.
-# Explaining a whole history outlasts a rule's time limit (at 10M page rows).
+# Explaining a whole long history outlasts a rule's time limit.
 RULE_WINDOW_S: Final = 1800.0
 
 

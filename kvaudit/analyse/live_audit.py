@@ -93,7 +93,7 @@ class LiveAudit:
         audited = _audited(backend)
         if audited == ends:
             return False
-        if audited is None:  # the history, a partition at a time: in one statement, 100M page rows outgrow 1 GiB
+        if audited is None:  # the history, a partition at a time: in one statement it outgrows the store's budget
             prepare(backend)
             self._run(backend, f"CREATE OR REPLACE TEMP TABLE {FINDINGS_TABLE} AS {_timed(audit_query(trace_rules()))}")
             for partition in plan(backend):

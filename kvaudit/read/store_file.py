@@ -11,8 +11,8 @@ them whole every time. The stores here do neither:
 - **A live command given none** (`exporter`, `alerts watch`, the TUI) keeps its rows in
   a database file of a temporary directory of its own (with what DuckDB spills), removed
   when it ends. A file, not DuckDB's memory: DuckDB compresses the row groups of a file and
-  not those in memory, so 10M page rows take 0.3 GiB there and 7.7 GiB spilled from memory,
-  and every look at the history reads them back.
+  not those in memory, so the rows take a fraction of the disk, and every look at the
+  history reads back that much less.
 
 Either way DuckDB holds at most `MEMORY_BYTES` in memory, and a refresh commits as it goes
 (`database_tables.COMMIT_ROWS`): a read of any length takes the same memory

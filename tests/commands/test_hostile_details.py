@@ -111,7 +111,7 @@ def test_each_rule_runs_under_its_memory_and_spill_limits(trace_dir: Path):
 def test_a_rule_spills_beyond_what_a_live_stores_rows_spilled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """A store in memory (a live one where its directory takes no file) spills its rows past its
     budget to the directory rules spill to: a rule's spill limit below them would fail every
-    rule (10M page rows spill 7.7 GiB)."""
+    rule."""
     monkeypatch.setattr(duckdb_backend, "RULE_SPILL_BYTES", 1 << 20)
     spill = tmp_path / "spill"
     spill.mkdir()
