@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--analyse-every",
         type=float,
         metavar="SECONDS",
-        help="figure the audit's findings and the reuse left over the whole history at most this often"
-        " (default 60; the counters add what arrives as it is read)",
+        help="bring the audit's findings and the reuse left up to date at most this often"
+        " (default 60; the other counters add what arrives as it is read)",
     )
     add_tls_auth_arguments(parser)
     parser.set_defaults(run=run)

@@ -19,6 +19,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from kvaudit.backends import Backend
 from kvaudit.present.exporter_metrics import ANALYSE_EVERY_S, TraceMetrics
+from kvaudit.present.exporter_reuse import SETTLE_S
 from kvaudit.receive.http_security import BearerToken, SecureServerMixin, ServerSecurity
 
 # A scrape that stalls (or a client that connects and says nothing) gives up its thread after this.
@@ -50,6 +51,7 @@ def serve(
     *,
     skew_s: float = 1.0,
     analyse_every_s: float = ANALYSE_EVERY_S,
+    settle_s: float = SETTLE_S,
     security: ServerSecurity | None = None,
 ) -> tuple[WSGIServer, int]:
     """Start serving /metrics in a background thread, and reading the traces in others
@@ -60,7 +62,7 @@ def serve(
     """
     security = security or ServerSecurity()
     registry = CollectorRegistry()
-    metrics = TraceMetrics(backend, skew_s=skew_s, analyse_every_s=analyse_every_s)
+    metrics = TraceMetrics(backend, skew_s=skew_s, analyse_every_s=analyse_every_s, settle_s=settle_s)
     registry.register(metrics)
     app = make_wsgi_app(registry)
     if security.bearer is not None:

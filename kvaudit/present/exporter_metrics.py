@@ -2,9 +2,9 @@
 
 Counters add what each read of the trace files took in (`exporter_counts`); the audit's
 findings are brought up to date by auditing what arrived (`kvaudit.analyse.live_audit`)
-and the reuse left on the table is figured over the whole history by its named query
-(see `kvaudit.analyse.derived_views`), in the background; a scrape serves the last
-figures of both (`TraceMetrics`). Names are defined OTel-style (dotted, with a UCUM
+and the reuse left on the table adds the requests that settled since the last analysis
+(`exporter_reuse`), in the background; a scrape serves the last figures of both
+(`TraceMetrics`). Names are defined OTel-style (dotted, with a UCUM
 unit) and translated the way OpenTelemetry's Prometheus exporter does
 (`kvaudit.fetch.duration` in `s` → `kvaudit_fetch_duration_seconds`), so dashboards
 built on either path agree.
@@ -29,6 +29,7 @@ from kvaudit.backends import Backend
 from kvaudit.backends.duckdb_backend import Tables
 from kvaudit.causes import MISSES
 from kvaudit.present.exporter_counts import LATENCY_BUCKETS_S, ExporterCounts
+from kvaudit.present.exporter_reuse import SETTLE_S, SETTLED, ReuseCounts
 
 logger = logging.getLogger(__name__)
 
@@ -115,21 +116,15 @@ DUPLICATE_SPANS: Final = _Spec(
 )
 
 _FINDINGS: Final = "SELECT code, rule, severity, count(*) FROM findings GROUP BY ALL ORDER BY ALL"
-# A request whose spans name no tokens requested has no prompt tokens: NULL, counted as none.
-_REUSE_COLUMNS: Final = ("prompt_tokens", "hit_tokens", "achievable_tokens", *(cause.value for cause in MISSES))
-# The named query `reuse_left` (a view, see `derived_views`) per replica over all its time buckets.
-_REUSE_LEFT: Final = f"""
-    SELECT replica, {", ".join(f"coalesce(sum({column}), 0)" for column in _REUSE_COLUMNS)}
-    FROM query_reuse_left GROUP BY replica ORDER BY replica"""
-# How often the findings and the reuse left are figured again at most (the reuse left over the
-# whole history: it is not a sum of what arrived), and how long the reader rests once caught up.
+# How often the findings and the reuse left are figured again at most (each analysis audits
+# and explains what arrived since the last), and how long the reader rests once caught up.
 ANALYSE_EVERY_S: Final = 60.0
 READ_PAUSE_S: Final = 1.0
 
 
 @dataclass
 class _Analysis:
-    """What the analysis found when last run: rows of `_FINDINGS` and `_REUSE_LEFT`."""
+    """What the analysis found when last run: rows of `_FINDINGS` and `ReuseCounts.rows`."""
 
     findings: list[tuple[object, ...]] = field(default_factory=list)
     reuse: list[tuple[object, ...]] = field(default_factory=list)
@@ -152,10 +147,11 @@ class TraceMetrics(Collector):
 
     A reader thread takes in what was appended to the trace files and adds each part's
     rows to the counters (`ExporterCounts`) as it is read; an analyser thread audits what
-    arrived (`LiveAudit`) and figures the reuse left over the whole history, at most every
-    `analyse_every_s` and only when rows arrived. A scrape only copies the last figures: it never waits for
-    a read or a query, and answers from the first moment (`kvaudit_exporter_behind_bytes`
-    says how much is still to read). A backend that reads no files (ClickHouse, an
+    arrived (`LiveAudit`) and counts the reuse left of the requests that settled
+    (`ReuseCounts`), at most every `analyse_every_s`, when rows arrived or requests
+    settled. A scrape only copies the last figures: it never waits for a read or a query,
+    and answers from the first moment (`kvaudit_exporter_behind_bytes` says how much is
+    still to read). A backend that reads no files (ClickHouse, an
     ingested database) has its counters figured by the full queries, by the analyser.
 
     Args:
@@ -163,6 +159,8 @@ class TraceMetrics(Collector):
         skew_s: clock skew allowed between replicas (the audit's findings, cross-replica tokens).
         analyse_every_s: the least time between two analyses.
         read_pause_s: how long the reader waits, once caught up, before it looks again.
+        settle_s: how long after its lookup, or after the last rows arrived, a request's
+            reuse left is counted (`exporter_reuse`).
     """
 
     def __init__(
@@ -172,6 +170,7 @@ class TraceMetrics(Collector):
         skew_s: float = 1.0,
         analyse_every_s: float = ANALYSE_EVERY_S,
         read_pause_s: float = READ_PAUSE_S,
+        settle_s: float = SETTLE_S,
     ) -> None:
         self.backend = backend
         self._skew_s = skew_s
@@ -180,6 +179,8 @@ class TraceMetrics(Collector):
         self._lock = threading.Lock()  # held only to change or copy the figures
         self._counts = ExporterCounts(skew_s=skew_s, lock=self._lock)
         self._audit = LiveAudit(skew_s=skew_s)  # on the analyser's connection: it audits what arrived
+        self._reuse = ReuseCounts(settle_s)  # the analyser's alone
+        self._last_arrival = time.monotonic()
         self._analysis: _Analysis | None = None
         self._behind = backend.behind_bytes()
         self._reads = 0  # reads done
@@ -210,7 +211,7 @@ class TraceMetrics(Collector):
         """Whether every byte of the files is read and figured, the analysis included (tests wait on it)."""
         with self._arrived:
             done = self._reads > 0 and not self._reading and self._analysed == self._arrivals
-        return done and self.backend.behind_bytes() == 0
+        return done and self._reuse.settled and self.backend.behind_bytes() == 0
 
     def _read(self) -> None:
         if not self.backend.follows_files:  # nothing to read: the analyser figures the counters
@@ -242,6 +243,8 @@ class TraceMetrics(Collector):
         with self._arrived:
             self._reads += 1
             self._arrivals += added_rows or self._reads == 1
+            if added_rows:
+                self._last_arrival = time.monotonic()
             self._reading = False
             self._arrived.notify_all()
 
@@ -250,7 +253,11 @@ class TraceMetrics(Collector):
         analysed = 0  # the arrivals the last analysis saw
         while not self._stop.is_set():
             with self._arrived:
-                self._arrived.wait_for(lambda seen=analysed: self._stop.is_set() or self._arrivals > seen)
+                # Rows arriving wake it, and so does the quiet that settles the last requests.
+                quiet_in = None if self._reuse.settled else self._last_arrival + self._reuse.settle_s - time.monotonic()
+                self._arrived.wait_for(
+                    lambda seen=analysed: self._stop.is_set() or self._arrivals > seen, timeout=quiet_in
+                )
                 if self._stop.is_set():
                     return
                 seen = self._arrivals
@@ -266,8 +273,11 @@ class TraceMetrics(Collector):
             self._stop.wait(max(self._analyse_every_s - (time.monotonic() - started), 0))
 
     def _analyse_once(self, backend: Backend) -> None:
-        prepare(backend, [_REUSE_LEFT], audit=self._audit)
-        analysis = _Analysis(backend.query(_FINDINGS)[1], backend.query(_REUSE_LEFT)[1])
+        with self._arrived:  # no read under way, and none added rows for settle_s
+            quiet = not self._reading and time.monotonic() - self._last_arrival >= self._reuse.settle_s
+        prepare(backend, [SETTLED], audit=self._audit)
+        self._reuse.add_settled(backend, quiet=quiet)
+        analysis = _Analysis(backend.query(_FINDINGS)[1], self._reuse.rows())
         counts = None if self.backend.follows_files else ExporterCounts.of_history(backend, skew_s=self._skew_s)
         with self._lock:
             self._analysis = analysis

@@ -82,7 +82,7 @@ def _scrape(argv_paths: list[str], url: str | None) -> dict[tuple[str, tuple[tup
     import urllib.request
 
     backend = open_backend(url, argv_paths, live=True)
-    server, port = serve(backend, "127.0.0.1", 0)
+    server, port = serve(backend, "127.0.0.1", 0, settle_s=0)
     try:
         caught_up(server)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as reply:

@@ -21,7 +21,7 @@ from ..support.exporter import scrape_caught_up
 
 def test_scraped_over_http_and_updated_as_files_grow(trace_dir: Path):
     alert_traces.recomputed_prefixes(trace_dir)
-    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0, analyse_every_s=0)
+    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0, analyse_every_s=0, settle_s=0)
     try:
         first = scrape_caught_up(server, port)
         assert first["kvaudit_pages_total"] == {
@@ -50,7 +50,7 @@ def test_reuse_left_per_replica_is_the_simulators(tmp_path: Path):
     # Small private pools: pages are evicted, and held where the other replica cannot reach them.
     config = SimConfig(duration_s=90, rate=0.5, seed=3, shared=False, pool_bytes=16 * GIB)
     result = simulate(config, tmp_path)
-    server, port = serve(DuckDBBackend(TraceStore(result.files)), "127.0.0.1", 0)
+    server, port = serve(DuckDBBackend(TraceStore(result.files)), "127.0.0.1", 0, settle_s=0)
     try:
         metrics = scrape_caught_up(server, port)
     finally:

@@ -48,7 +48,7 @@ class _Gated(DuckDBBackend):
 def test_it_answers_before_its_first_read_ends(trace_dir: Path):
     alert_traces.recomputed_prefixes(trace_dir)
     backend = _Gated(TraceStore([trace_dir], ":memory:"))
-    server, port = serve(backend, "127.0.0.1", 0, analyse_every_s=0)
+    server, port = serve(backend, "127.0.0.1", 0, analyse_every_s=0, settle_s=0)
     try:
         waiting = scrape(port)  # the first read is held at its gate
         assert waiting["kvaudit_exporter_behind_bytes"][()] == sum(f.stat().st_size for f in trace_dir.iterdir())
@@ -86,7 +86,7 @@ def test_counters_add_each_read_and_end_equal_to_the_whole_history(tmp_path: Pat
     live.mkdir()
     # A batch the receiver took twice (an OTLP retry after a restart): its spans count once.
     name, _, repeated = lines[len(lines) // 2]
-    server, port = serve(DuckDBBackend(TraceStore([live], ":memory:")), "127.0.0.1", 0, analyse_every_s=0)
+    server, port = serve(DuckDBBackend(TraceStore([live], ":memory:")), "127.0.0.1", 0, analyse_every_s=0, settle_s=0)
     scraped = []
     try:
         low = 0

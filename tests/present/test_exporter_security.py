@@ -24,7 +24,7 @@ def test_metrics_over_tls_only_with_the_token(trace_dir: Path, tmp_path: Path):
     alert_traces.recomputed_prefixes(trace_dir)
     cert_file, key_file = self_signed_certificate(tmp_path)
     security = ServerSecurity(ServerTLS(str(cert_file), str(key_file)), BearerToken("s3cret"))
-    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0, security=security)
+    server, port = serve(DuckDBBackend(TraceStore([trace_dir])), "127.0.0.1", 0, settle_s=0, security=security)
     trusting = ssl.create_default_context(cafile=str(cert_file))
     url = f"https://127.0.0.1:{port}/metrics"
     silent = socket.create_connection(("127.0.0.1", port), timeout=10)  # never shakes hands: holds only itself

@@ -50,7 +50,7 @@ def test_promtool_checks_the_rules_and_their_unit_tests_pass():
 def test_every_metric_named_is_one_the_exporter_serves(tmp_path: Path):
     assert main(["simulate", "--out", str(tmp_path), "--duration", "30", "--quiet"]) == 0
     registry = CollectorRegistry()
-    metrics = TraceMetrics(DuckDBBackend(TraceStore([str(tmp_path / "traces")])), analyse_every_s=0).start()
+    metrics = TraceMetrics(DuckDBBackend(TraceStore([str(tmp_path / "traces")])), analyse_every_s=0, settle_s=0).start()
     try:
         wait_until(metrics.caught_up, what="the exporter read and analysed the traces")
         registry.register(metrics)

@@ -54,7 +54,7 @@ def test_the_exporters_counts_are_unchanged_by_a_rotation(tmp_path: Path):
     lines = good_lines(LINES)
     active = tmp_path / "traces.json"
     append(active, lines[:4])
-    server, port = serve(live([tmp_path]), "127.0.0.1", 0, analyse_every_s=0)
+    server, port = serve(live([tmp_path]), "127.0.0.1", 0, analyse_every_s=0, settle_s=0)
     try:
         caught_up(server)
         before = _scraped_pages(port)

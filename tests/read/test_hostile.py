@@ -181,7 +181,9 @@ def test_every_command_names_each_hostile_line_and_reads_the_rest(
 def test_metrics_are_scraped_from_hostile_traces_as_they_grow(corpus: Path, tmp_path: Path):
     """`kvaudit exporter` reads what is new as it arrives (`refresh(final=False)`)."""
     directory = Path(shutil.copytree(corpus, tmp_path / "traces"))
-    server, port = serve(DuckDBBackend(TraceStore([directory], ":memory:")), "127.0.0.1", 0, analyse_every_s=0)
+    server, port = serve(
+        DuckDBBackend(TraceStore([directory], ":memory:")), "127.0.0.1", 0, analyse_every_s=0, settle_s=0
+    )
     try:
         caught_up(server)
         first = _scrape(port)
