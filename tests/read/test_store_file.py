@@ -5,6 +5,7 @@ temporary directory of its own (kvaudit.read.store_file; docs/design.md section 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -160,3 +161,47 @@ def test_a_kept_store_never_reads_a_line_its_writer_has_not_finished(tmp_path: P
     kept.refresh(final=True)
     assert kept.query("SELECT (SELECT count(*) FROM pages), (SELECT count(*) FROM read_errors)")[1] == [(1, 0)]
     kept.close()
+
+
+def _live_store_process(tmp: Path) -> subprocess.Popen[str]:
+    """A process holding a live command's store in `tmp` (as TMPDIR sets it), once it says so."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kvaudit.read.store_file import open_bounded_store;"
+            " store = open_bounded_store([], None); print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_the_directory_of_a_live_command_killed_outright_is_removed_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    killed, living = _live_store_process(tmp), _live_store_process(tmp)
+    try:
+        directories = {path.name for path in tmp.iterdir()}
+        assert len(directories) == 2
+        killed.kill()  # SIGKILL: nothing of the process runs to remove its directory
+        killed.wait()
+        assert {path.name for path in tmp.iterdir()} == directories
+        (tmp / "kvaudit-store-not-ours").mkdir()  # no owner file: not known to be left, so kept
+        append(tmp_path / "r1.jsonl", good_lines(1))
+        backend = open_backend(None, [str(tmp_path / "r1.jsonl")], live=True)
+        try:
+            left = {path.name for path in tmp.iterdir()}
+            assert len(left & directories) == 1 and "kvaudit-store-not-ours" in left
+            assert len(left) == 3  # the living one's, the one without an owner, and the new one
+        finally:
+            backend.close()
+    finally:
+        living.communicate("")
