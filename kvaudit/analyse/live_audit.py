@@ -59,6 +59,7 @@ _AUDITED: Final = "kvaudit_audited"  # the rows of each view the findings were a
 _TRACES: Final = "kvaudit_audit_traces"  # the traces to audit again
 _FETCHED: Final = "kvaudit_audit_fetched"  # their fetched pages
 _STORED: Final = "kvaudit_audit_stored"  # the stores of those pages' keys, and the stores of the layer below those name
+_PARTITION: Final = "kvaudit_audit_partition"  # the rows of one partition of the history (the first update)
 _COLUMNS: Final = [field.name for field in dataclasses.fields(Finding)]
 # What the view `findings` shows of each: every column but `fields` (a mapping or a list, see
 # `Finding`, which rules have no use for), and the end of its span, `time`.
@@ -97,8 +98,12 @@ class LiveAudit:
             prepare(backend)
             self._run(backend, f"CREATE OR REPLACE TEMP TABLE {FINDINGS_TABLE} AS {_timed(audit_query(trace_rules()))}")
             for partition in plan(backend):
-                found = _timed(audit_query(page_rules(), pages=partition.pages(self._lookback_ns / 1e9)))
+                # Its rows taken once, into a table DuckDB can spill, not selected again by every rule.
+                rows = partition.pages(self._lookback_ns / 1e9)
+                self._run(backend, f"CREATE OR REPLACE TEMP TABLE {_PARTITION} AS {rows}")
+                found = _timed(audit_query(page_rules(), pages=f"SELECT * FROM {_PARTITION}"), partition.start_ns)
                 self._run(backend, f"INSERT INTO {FINDINGS_TABLE} {found}")
+            self._run(backend, f"DROP TABLE IF EXISTS {_PARTITION}")
         else:
             if ends["pages"] != audited["pages"]:
                 self._audit_traces_of(backend, audited["pages"], ends["pages"])
