@@ -133,7 +133,10 @@ class LiveSource:
             findings = None
             if self._auditor is not None and (force or self.audit_due()):
                 self._audited_rows = self._rows
-                if self._auditor.update(self._audit_backend) or force:
+                # The alert rules bring the same findings up to date too: an update that found them
+                # current may still be the first to show them.
+                updated = self._auditor.update(self._audit_backend)
+                if updated or force or self._analysis.findings is None:
                     findings = finding_rows(self._auditor.findings(self._audit_backend))
                 self._next_audit = self._clock() + self._audit_interval_s
             alerts = None
